@@ -1,0 +1,1 @@
+"""Devices and the transports that reach them."""

@@ -1,0 +1,1 @@
+"""Host side of the agent protocol: provisioning, jobs, results."""

@@ -1,0 +1,330 @@
+"""Host side of the agent protocol (device_agents/PROTOCOL.md).
+
+One ``AgentClient`` per device. A job is a sequence of named steps — upload, run, fetch, cleanup
+in ``finally`` — and its failures are values: a crash, a hang (timeout) or a backend error comes
+back as a ``JobResult`` with a status and a reason. Only infrastructure errors (device gone) raise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from edgetune.devices.base import Completed, Transport
+from edgetune.devices.inventory import DeviceSpec, fingerprint_key, open_transport
+from edgetune.errors import DeviceError, DeviceUnreachable
+
+PROTOCOL = 1
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PYTHON_AGENT = REPO_ROOT / "device_agents" / "python" / "edgetune_agent.py"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    agent: str  # "python" | "native"
+    agent_version: str
+    arch: str
+    python: str | None
+    runtimes: dict[str, Any]
+    fingerprint: dict[str, Any]
+
+    @property
+    def fingerprint_key(self) -> str:
+        return fingerprint_key({**self.fingerprint, "arch": self.arch})
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self.fingerprint.get("emulated"))
+
+
+@dataclass
+class Job:
+    backend: str
+    artifact: Path
+    params: dict[str, Any]
+    input_names: list[str]
+    input_sets: list[list[np.ndarray]]
+    output_specs: list[dict[str, Any]]  # name, dtype, shape: never values
+    model: Path | None = None
+    timing_set: int = 0
+    budget_ms: float = 200.0
+    warmup_ms: float = 20.0
+    min_iters: int = 3
+    max_iters: int = 100_000
+    timeout_s: float = 120.0
+
+
+@dataclass
+class JobResult:
+    status: str  # ok | error | crashed | timeout
+    reason: str = ""
+    samples_ns: list[int] = field(default_factory=list)
+    outputs: list[list[np.ndarray | None]] = field(default_factory=list)
+    repeat_outputs: list[np.ndarray | None] = field(default_factory=list)
+    input_sha256_before: list[str] | None = None
+    input_sha256_after: list[str] | None = None
+    load_ms: float | None = None
+    runtime_versions: dict[str, Any] = field(default_factory=dict)
+    device_state: dict[str, Any] = field(default_factory=dict)
+    wall_ms: float = 0.0  # host-side wall time of the whole job (transfer + process + run)
+    agent_ms: float = 0.0  # time of the remote agent command alone
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+class AgentClient:
+    """Provisions the agent on a device and runs jobs on it."""
+
+    def __init__(self, spec: DeviceSpec, transport: Transport | None = None, workdir: str | None = None):
+        self.spec = spec
+        self.transport = transport or open_transport(spec)
+        self.workdir = workdir or spec.workdir or str(Path(tempfile.gettempdir()) / f"edgetune-local-{os.getuid()}")
+        self._info: AgentInfo | None = None
+        self._agent_argv: list[str] | None = None
+        self._pushed: set[str] = set()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------ provisioning
+    def _run(self, argv: Sequence[str], timeout: float = 60.0) -> Completed:
+        return self.transport.run(list(argv), timeout=timeout)
+
+    def _must(self, argv: Sequence[str], what: str, timeout: float = 60.0) -> Completed:
+        c = self._run(argv, timeout)
+        if not c.ok:
+            err = c.stderr.decode("utf-8", "replace").strip().splitlines()
+            detail = err[-1] if err else f"exit {c.returncode}"
+            raise DeviceError(f"{self.spec.name}: {what} failed: {detail[:300]}")
+        return c
+
+    def _python(self) -> str:
+        if self.spec.kind == "local":
+            return self.spec.options.get("python") or sys.executable
+        return self.spec.options.get("python") or "python3"
+
+    def provision(self) -> AgentInfo:
+        """Put the right agent on the device (once per client) and return what it reports."""
+        with self._lock:
+            if self._info is not None:
+                return self._info
+            w = self.workdir
+            self._must(["mkdir", "-p", f"{w}/agent", f"{w}/artifacts", f"{w}/inputs", f"{w}/jobs"],
+                       f"creating work dir {w}")
+            py = self._python()
+            probe = self._run([py, "-c", "import numpy, sys; print(sys.version_info[0])"], timeout=60)
+            if probe.ok and probe.text().strip() == "3" and not self.spec.options.get("native"):
+                self._agent_argv = self._provision_python(py)
+            else:
+                self._agent_argv = self._provision_native()
+            c = self._must(self._agent_argv + ["info"], "agent info", timeout=120)
+            try:
+                data = json.loads(c.text().strip().splitlines()[-1])
+            except (ValueError, IndexError) as exc:
+                raise DeviceError(f"{self.spec.name}: agent info returned no JSON") from exc
+            if data.get("protocol") != PROTOCOL:
+                raise DeviceError(f"{self.spec.name}: agent speaks protocol {data.get('protocol')}, host {PROTOCOL}")
+            self._info = AgentInfo(data["agent"], data["agent_version"], data["arch"], data.get("python"),
+                                   data.get("runtimes", {}), data.get("fingerprint", {}))
+            return self._info
+
+    def _push_verified(self, local: Path, remote: str, mode: str | None = None) -> None:
+        digest = sha256_file(local)
+        self.transport.push(str(local), remote)
+        if mode:
+            self._must(["chmod", mode, remote], f"chmod {remote}")
+        c = self._must(["sha256sum", remote], f"checking {remote}")
+        if c.text().split()[:1] != [digest]:
+            raise DeviceError(f"{self.spec.name}: {remote} arrived corrupted (sha256 differs)")
+
+    def _installed_version(self, version_file: str) -> str | None:
+        c = self._run(["cat", version_file], timeout=30)
+        return c.text().strip() if c.ok else None
+
+    def _provision_python(self, py: str) -> list[str]:
+        remote = f"{self.workdir}/agent/edgetune_agent.py"
+        version = sha256_file(PYTHON_AGENT)
+        vfile = f"{self.workdir}/agent/AGENT_VERSION.python"
+        if self._installed_version(vfile) != version:
+            self._push_verified(PYTHON_AGENT, remote)
+            self._write_remote_text(vfile, version)
+        return [py, remote]
+
+    def _provision_native(self) -> list[str]:
+        try:
+            from edgetune.build.native import build_agent
+        except ImportError as exc:  # pragma: no cover - part of the package
+            raise DeviceError(f"{self.spec.name}: no Python with numpy on the device and no native agent builder") from exc
+        c = self._must(["uname", "-m"], "uname -m")
+        arch = c.text().strip()
+        triple = {"x86_64": None, "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}.get(arch, "unsupported")
+        if triple == "unsupported":
+            raise DeviceError(f"{self.spec.name}: no native agent for architecture {arch}")
+        static = self.spec.kind == "adb" or bool(self.spec.options.get("static"))
+        binary = Path(build_agent(triple, static=static))
+        remote = f"{self.workdir}/agent/edgetune-agent"
+        version = sha256_file(binary)
+        vfile = f"{self.workdir}/agent/AGENT_VERSION.native"
+        if self._installed_version(vfile) != version:
+            self._push_verified(binary, remote, mode="755")
+            self._write_remote_text(vfile, version)
+        return [remote]
+
+    def _write_remote_text(self, remote: str, text: str) -> None:
+        with tempfile.NamedTemporaryFile("w", delete=False, suffix=".txt") as f:
+            f.write(text)
+        try:
+            self.transport.push(f.name, remote)
+        finally:
+            os.unlink(f.name)
+
+    def cleanup(self) -> None:
+        """Remove everything edgetune put on the device (the whole work dir)."""
+        if self.spec.kind == "local" and not self.spec.options.get("workdir"):
+            pass
+        self._run(["rm", "-rf", self.workdir], timeout=60)
+        self._pushed.clear()
+        self._info = None
+
+    # ------------------------------------------------------------------------------- jobs
+    def _ensure_artifact(self, path: Path) -> tuple[str, str]:
+        digest = sha256_file(path)
+        remote = f"{self.workdir}/artifacts/{digest}{path.suffix}"
+        if remote not in self._pushed:
+            c = self._run(["sha256sum", remote], timeout=60)
+            if not (c.ok and c.text().split()[:1] == [digest]):
+                self._push_verified(path, remote)
+            self._pushed.add(remote)
+        return remote, digest
+
+    def _ensure_inputs(self, input_sets: list[list[np.ndarray]], tmp: Path) -> list[list[str]]:
+        h = hashlib.sha256()
+        for s in input_sets:
+            for a in s:
+                h.update(str((a.dtype.str, a.shape)).encode())
+                h.update(np.ascontiguousarray(a).tobytes())
+        key = h.hexdigest()[:24]
+        rdir = f"{self.workdir}/inputs/{key}"
+        names = [[f"in_{i}_{k}.npy" for k in range(len(s))] for i, s in enumerate(input_sets)]
+        if rdir not in self._pushed:
+            self._must(["mkdir", "-p", rdir], "creating input dir")
+            for i, s in enumerate(input_sets):
+                for k, a in enumerate(s):
+                    local = tmp / names[i][k]
+                    np.save(local, np.ascontiguousarray(a), allow_pickle=False)
+                    self.transport.push(str(local), f"{rdir}/{names[i][k]}")
+            self._pushed.add(rdir)
+        return [[f"{rdir}/{n}" for n in row] for row in names]
+
+    def run_job(self, job: Job) -> JobResult:
+        self.provision()
+        t_start = time.perf_counter()
+        jobdir = f"{self.workdir}/jobs/{uuid.uuid4().hex[:16]}"
+        with tempfile.TemporaryDirectory(prefix="edgetune-job-") as tmpd:
+            tmp = Path(tmpd)
+            try:
+                artifact, digest = self._ensure_artifact(job.artifact)
+                model = None
+                if job.model is not None:
+                    m_remote, m_digest = self._ensure_artifact(job.model)
+                    model = {"path": m_remote, "sha256": m_digest}
+                inputs = self._ensure_inputs(job.input_sets, tmp)
+                request = {
+                    "protocol": PROTOCOL, "backend": job.backend, "artifact": artifact,
+                    "artifact_sha256": digest, "params": job.params, "input_names": job.input_names,
+                    "inputs": inputs, "outputs": job.output_specs, "timing_set": job.timing_set,
+                    "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
+                    "max_iters": job.max_iters,
+                }
+                if model:
+                    request["model"] = model
+                req_local = tmp / "request.json"
+                req_local.write_text(json.dumps(request))
+                self._must(["mkdir", "-p", jobdir], "creating job dir")
+                self.transport.push(str(req_local), f"{jobdir}/request.json")
+                t_agent = time.perf_counter()
+                c = self._run(self._agent_argv + ["run", jobdir], timeout=job.timeout_s)
+                agent_ms = (time.perf_counter() - t_agent) * 1e3
+                res = self._collect(c, jobdir, tmp, job)
+                res.agent_ms = agent_ms
+                res.wall_ms = (time.perf_counter() - t_start) * 1e3
+                return res
+            finally:
+                try:
+                    self._run(["rm", "-rf", jobdir], timeout=30)
+                except DeviceError:
+                    pass
+
+    def _collect(self, c: Completed, jobdir: str, tmp: Path, job: Job) -> JobResult:
+        stderr_tail = c.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        if c.timed_out:
+            return JobResult("timeout", f"hung: no result within {job.timeout_s:g} s (killed)")
+        if c.returncode != 0:
+            if c.returncode < 0 or c.returncode > 128:
+                sig = -c.returncode if c.returncode < 0 else c.returncode - 128
+                why = f"crashed: agent killed by {_signal_name(sig)}"
+            else:
+                why = f"crashed: agent exited with status {c.returncode}"
+            tail = stderr_tail[0][:200]
+            return JobResult("crashed", f"{why}" + (f" ({tail})" if tail else ""))
+        local = tmp / "result.json"
+        try:
+            self.transport.pull(f"{jobdir}/result.json", str(local))
+            data = json.loads(local.read_text())
+        except (DeviceError, OSError, ValueError) as exc:
+            if isinstance(exc, DeviceUnreachable):
+                raise
+            return JobResult("crashed", "agent exited without writing result.json")
+        res = JobResult(
+            status=data.get("status", "error"), reason=data.get("reason", ""),
+            samples_ns=list(data.get("samples_ns", [])),
+            input_sha256_before=data.get("input_sha256_before"),
+            input_sha256_after=data.get("input_sha256_after"),
+            load_ms=data.get("load_ms"), runtime_versions=data.get("runtime_versions", {}),
+            device_state=data.get("device_state", {}),
+        )
+        if res.status != "ok":
+            res.status = "error"
+            return res
+
+        def fetch(name: str) -> np.ndarray | None:
+            dst = tmp / name
+            try:
+                self.transport.pull(f"{jobdir}/{name}", str(dst))
+                return np.load(dst, allow_pickle=False)
+            except (OSError, ValueError):
+                return None
+
+        res.outputs = [[fetch(n) for n in row] for row in data.get("outputs", [])]
+        res.repeat_outputs = [fetch(n) for n in data.get("repeat_outputs", [])]
+        return res
+
+    def close(self) -> None:
+        self.transport.close()

@@ -1,0 +1,176 @@
+"""Compile and export single TVM kernels (one PrimFunc) for a device target.
+
+The exported artifact is a shared library with entry ``__tvm_ffi_main`` taking DLTensor*
+arguments (inputs, then outputs). It loads with ``tvm.runtime.load_module`` on a host with the
+TVM runtime, and with the native agent (libc only) on phones and boards.
+
+* x86-64 host: the system C compiler (TVM's default ``cc``).
+* aarch64 Linux: ``aarch64-linux-gnu-gcc`` (``cross_cc`` in targets/linux-aarch64.toml).
+* Android: the NDK's ``aarch64-linux-android<api>-clang`` (``cross_cc`` in android-arm64.toml).
+* CUDA: the host side is compiled for the host; the device code is compiled by TVM through
+  nvcc (no GPU needed to build) and embedded in the .so.
+
+The functions here are also MetaSchedule's ``f_build``/``f_export`` in builder worker processes,
+so they are module-level and picklable.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from edgetune.errors import MissingExtra, ToolchainError, UserInputError
+
+_HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(
+    platform.machine().lower(), platform.machine().lower()
+)
+
+
+def _tvm():
+    try:
+        import tvm
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtra("TVM kernel builds", "tvm") from exc
+    return tvm
+
+
+def as_tvm_target(target: Any):
+    """A tvm.target.Target from a JSON-able dict (targets/*.toml ``tvm_target``) or a Target."""
+    tvm = _tvm()
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, Mapping):
+        try:
+            return tvm.target.Target(dict(target))
+        except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
+            raise UserInputError(f"TVM rejects target {dict(target)}: {exc}") from exc
+    raise UserInputError(f"target must be a dict (tvm_target table) or tvm.target.Target, got {target!r}")
+
+
+def target_kind(target: Any) -> str:
+    return str(as_tvm_target(target).kind.name)
+
+
+def is_gpu(target: Any) -> bool:
+    return target_kind(target) in ("cuda", "rocm", "vulkan", "opencl", "metal")
+
+
+def target_arch(target: Any) -> str:
+    """Architecture the compiled host code runs on: from the llvm mtriple, else the host's."""
+    tgt = as_tvm_target(target)
+    host = tgt.host if tgt.host is not None else tgt
+    triple = str(host.attrs.get("mtriple", "")) if host.kind.name == "llvm" else ""
+    if not triple:
+        return _HOST_ARCH
+    arch = triple.split("-")[0]
+    return {"arm64": "aarch64", "amd64": "x86_64"}.get(arch, arch)
+
+
+def resolve_cross_cc(target: Any, cross_cc: str | None = None) -> str | None:
+    """The C compiler that links the artifact; None means the host's default compiler.
+
+    An explicit ``cross_cc`` wins; a foreign mtriple without one picks ``<arch>-linux-gnu-gcc``.
+    Raises ToolchainError when the compiler is not on PATH.
+    """
+    arch = target_arch(target)
+    if cross_cc is None and arch != _HOST_ARCH:
+        cross_cc = f"{arch}-linux-gnu-gcc"
+    if cross_cc is None:
+        return None
+    if shutil.which(cross_cc) is None:
+        raise ToolchainError(
+            f"cross compiler {cross_cc!r} for {arch} not found on PATH "
+            "(Debian: apt-get install gcc-aarch64-linux-gnu; Android: the NDK's toolchains/llvm/prebuilt/*/bin)"
+        )
+    return cross_cc
+
+
+def default_schedule(mod, target):
+    """Unscheduled TIR runs on CPUs as is; GPUs need thread bindings: DLight's default rules."""
+    tvm = _tvm()
+    tgt = as_tvm_target(target)
+    if not is_gpu(tgt):
+        return mod
+    from tvm.s_tir import dlight as dl
+
+    with tgt:
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+        )(mod)
+
+
+def compile_module(mod, target):
+    """IRModule of PrimFuncs -> runtime module (TVM's tirx build; what MetaSchedule builds with)."""
+    tvm = _tvm()
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+
+    return default_build(mod, as_tvm_target(target), None)
+
+
+def export_module(rt_mod, path: str | os.PathLike, cross_cc: str | None = None) -> Path:
+    """Write ``rt_mod`` as a shared library at ``path`` (linked with ``cross_cc`` if given)."""
+    from tvm.support import cc
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if cross_cc:
+        rt_mod.export_library(str(path), fcompile=cc.cross_compiler(cross_cc))
+    else:
+        rt_mod.export_library(str(path))
+    return path
+
+
+def _export_to_tempdir(rt_mod, cross_cc: str | None = None) -> str:
+    """MetaSchedule f_export: a fresh temp dir per candidate (RemoveBuildArtifact deletes it)."""
+    path = Path(tempfile.mkdtemp(prefix="edgetune-ms-")) / "kernel.so"
+    return str(export_module(rt_mod, path, cross_cc))
+
+
+def ms_export_function(cross_cc: str | None) -> Callable:
+    return functools.partial(_export_to_tempdir, cross_cc=cross_cc)
+
+
+def build_kernel(
+    workload,
+    target: Any,
+    out_path: str | os.PathLike,
+    *,
+    cross_cc: str | None = None,
+    database=None,
+) -> Path:
+    """Build ``workload`` for ``target`` and export it to ``out_path``.
+
+    With a MetaSchedule ``database`` holding a valid record for the workload, its best schedule
+    is used; otherwise the default schedule (plain loops on CPU, DLight on GPU).
+    """
+    tgt = as_tvm_target(target)
+    mod = workload.ir_module()
+    if database is not None:
+        sch = database.query_schedule(mod, tgt, workload_name="main")
+        if sch is not None:
+            mod = sch.mod
+        else:
+            mod = default_schedule(mod, tgt)
+    else:
+        mod = default_schedule(mod, tgt)
+    cc_name = resolve_cross_cc(tgt, cross_cc)
+    try:
+        rt_mod = compile_module(mod, tgt)
+    except Exception as exc:  # noqa: BLE001 - any TVM compile failure stops this build
+        raise ToolchainError(f"TVM failed to compile {workload.key()} for {tgt.kind.name}: {exc}") from exc
+    return export_module(rt_mod, out_path, cc_name)
+
+
+def elf_machine(path: str | os.PathLike) -> str:
+    """The ELF e_machine of a built artifact: 'x86_64', 'aarch64', ... (for checks and manifests)."""
+    data = Path(path).read_bytes()[:20]
+    if data[:4] != b"\x7fELF":
+        return "not-elf"
+    little = data[5] == 1
+    machine = int.from_bytes(data[18:20], "little" if little else "big")
+    return {62: "x86_64", 183: "aarch64", 40: "arm", 243: "riscv", 3: "i386"}.get(machine, f"e_machine={machine}")

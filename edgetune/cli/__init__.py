@@ -1,0 +1,1 @@
+"""The typer CLI: a thin layer over edgetune.api, one module per noun."""

@@ -1,0 +1,123 @@
+"""edgetune db ls | best | export"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from edgetune.cli.common import DbOpt, Format, FormatOpt, console, emit_json, run_guarded
+
+app = typer.Typer(no_args_is_help=True, help="Inspect and export the results database.")
+
+
+def _store(db):
+    from edgetune.db import Store
+
+    return Store(db, create=False) if db else Store(create=False)
+
+
+@app.command("ls")
+def ls_cmd(db: Optional[str] = DbOpt, fmt: Format = FormatOpt, limit: int = typer.Option(50, "--limit")) -> None:
+    """List tuning runs."""
+    def body():
+        store = _store(db)
+        try:
+            runs = store.runs(limit)
+            rows = []
+            for r in runs:
+                n = store.conn.execute("SELECT COUNT(*), SUM(status='verified') FROM records WHERE run_id=?",
+                                       (r["id"],)).fetchone()
+                rows.append({"run_id": r["id"], "device": r["device"], "model": r["model_path"],
+                             "status": r["status"], "records": n[0], "verified": n[1] or 0,
+                             "fingerprint_key": r["fingerprint_key"], "created": r["created"]})
+        finally:
+            store.close()
+        if fmt == Format.json:
+            emit_json(rows)
+            return
+        t = Table("run", "device", "model", "status", "records", "verified", "fingerprint")
+        for r in rows:
+            t.add_row(r["run_id"], r["device"], Path(r["model"]).name, r["status"], str(r["records"]),
+                      str(r["verified"]), r["fingerprint_key"])
+        console.print(t)
+    run_guarded(body)
+
+
+@app.command("best")
+def best_cmd(model: Optional[str] = typer.Argument(None, help="only runs of this model file"),
+             db: Optional[str] = DbOpt, fmt: Format = FormatOpt) -> None:
+    """Best verified configuration per model, device fingerprint and shape (latest complete run)."""
+    def body():
+        from edgetune.results import summarize_run
+
+        store = _store(db)
+        try:
+            seen = set()
+            rows = []
+            for r in store.runs(1000):
+                if r["status"] != "complete" or r["id"].startswith("bench-"):
+                    continue
+                if model and Path(r["model_path"]).resolve() != Path(model).resolve() and r["model_path"] != model:
+                    continue
+                ident = (r["model_sha256"], r["fingerprint_key"])
+                if ident in seen:
+                    continue
+                seen.add(ident)
+                s = summarize_run(store, r["id"])
+                for sh in s.shapes:
+                    b = sh.best
+                    rows.append({"model": Path(r["model_path"]).name, "device": r["device"],
+                                 "fingerprint_key": r["fingerprint_key"], "shape": sh.shape,
+                                 "best": b.candidate.label() if b else None, "key": b.candidate.key() if b else None,
+                                 "median_ms": b.stats.median_ms if b and b.stats else None,
+                                 "speedup_vs_default": b.vs_default.as_dict() if b and b.vs_default else None,
+                                 "run_id": r["id"]})
+        finally:
+            store.close()
+        if fmt == Format.json:
+            emit_json(rows)
+            return
+        t = Table("model", "device", "shape", "best verified configuration", "key", "median ms", "speedup vs default")
+        for r in rows:
+            sp = r["speedup_vs_default"]
+            t.add_row(r["model"], r["device"], " ".join(f"{k}={v}" for k, v in r["shape"].items()), r["best"] or "none",
+                      r["key"] or "—", f"{r['median_ms']:.4f}" if r["median_ms"] else "—",
+                      f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}]" if sp else "—")
+        console.print(t)
+    run_guarded(body)
+
+
+@app.command("export")
+def export_cmd(out: Path = typer.Argument(..., help="JSON Lines file: one record per line, every sample"),
+               db: Optional[str] = DbOpt) -> None:
+    """Export every record (all raw samples) as JSON Lines."""
+    def body():
+        import os
+
+        from edgetune.errors import UserInputError
+
+        store = _store(db)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        n = 0
+        try:
+            with open(tmp, "w") as f:
+                for r in store.iter_all():
+                    f.write(json.dumps({"run_id": r.run_id, "workload_key": r.workload_key, "shape": r.shape,
+                                        "fingerprint_key": r.fingerprint_key, "candidate": r.candidate,
+                                        "versions": r.versions, "round": r.round, "status": r.status,
+                                        "reason": r.reason, "verdict": r.verdict,
+                                        "samples_ns": r.samples_ns.tolist(), "wall_ms": r.wall_ms,
+                                        "created": r.created}) + "\n")
+                    n += 1
+            os.replace(tmp, out)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise UserInputError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        finally:
+            store.close()
+        console.print(f"exported {n} records to {out}")
+    run_guarded(body)

@@ -1,0 +1,139 @@
+"""edgetune devices ls | add | rm | check"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from edgetune.cli.common import Format, FormatOpt, console, emit_json, run_guarded
+
+app = typer.Typer(no_args_is_help=True, help="The device inventory (local, ssh://, adb://).")
+InvOpt = typer.Option(None, "--inventory", help="devices.toml (default ~/.edgetune/devices.toml)")
+
+
+def _probe(spec) -> dict:
+    """Connect, provision the agent, and report what the device says about itself."""
+    from edgetune.agent.host import AgentClient
+    from edgetune.errors import EdgetuneError
+
+    row = {"name": spec.name, "url": spec.url, "health": "down"}
+    client = None
+    try:
+        client = AgentClient(spec)
+        info = client.provision()
+        fp = info.fingerprint
+        rt = {k: v for k, v in info.runtimes.items() if k not in ("numpy", "tflite_module") and not isinstance(v, list)}
+        row.update(health="ok", agent=f"{info.agent} {info.agent_version}", arch=info.arch, cores=fp.get("cores"),
+                   os=fp.get("os"), kernel=fp.get("kernel"), cpu=fp.get("cpu_model"), soc=fp.get("soc"),
+                   max_freq_khz=fp.get("max_freq_khz"), governor=fp.get("governor"), python=info.python,
+                   runtimes=rt, emulated=fp.get("emulated"), fingerprint_key=info.fingerprint_key)
+    except EdgetuneError as exc:
+        row["error"] = str(exc)
+    finally:
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
+    return row
+
+
+def _table(rows) -> Table:
+    t = Table("name", "url", "health", "arch", "cores", "OS / kernel", "CPU", "runtimes", "fingerprint")
+    for r in rows:
+        if r["health"] != "ok":
+            t.add_row(r["name"], r["url"], f"[red]down[/]: {r.get('error', '')}", "", "", "", "", "", "")
+            continue
+        rts = ", ".join(f"{k} {v}" for k, v in r["runtimes"].items()) or "none"
+        freq = f" @ {max(r['max_freq_khz']) / 1e6:.2f} GHz" if r.get("max_freq_khz") else ""
+        t.add_row(r["name"], r["url"], "[green]ok[/]" + (" (emulated)" if r.get("emulated") else ""), r["arch"],
+                  str(r["cores"]), f"{r['os']} / {r['kernel']}", f"{r['cpu']}{freq}, governor {r.get('governor')}",
+                  rts, r["fingerprint_key"])
+    return t
+
+
+@app.command("ls")
+def ls_cmd(inventory: Optional[str] = InvOpt, fmt: Format = FormatOpt,
+           probe: bool = typer.Option(True, "--probe/--no-probe", help="connect to each device")) -> None:
+    """List devices with health, arch, cores, OS, runtimes and fingerprint."""
+    def body():
+        from edgetune.devices.inventory import Inventory
+
+        specs = list(Inventory(inventory).load().values())
+        if probe:
+            with ThreadPoolExecutor(max_workers=max(1, min(8, len(specs)))) as ex:
+                rows = list(ex.map(_probe, specs))
+        else:
+            rows = [{"name": s.name, "url": s.url, "health": "not probed"} for s in specs]
+        if fmt == Format.json:
+            emit_json(rows)
+        elif probe:
+            console.print(_table(rows))
+        else:
+            for r in rows:
+                console.print(f"{r['name']}\t{r['url']}", highlight=False)
+    run_guarded(body)
+
+
+@app.command("add")
+def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@host[:port] | adb://SERIAL[@host:port]"),
+            key: Optional[str] = typer.Option(None, "--key", help="ssh private key file (stored as a path only)"),
+            known_hosts: Optional[str] = typer.Option(None, "--known-hosts"),
+            trust_on_first_use: bool = typer.Option(False, "--trust-on-first-use",
+                                                    help="accept and record an unknown host key once"),
+            workdir: Optional[str] = typer.Option(None, "--workdir", help="agent work dir on the device"),
+            python: Optional[str] = typer.Option(None, "--python", help="python on the device (default python3)"),
+            native: bool = typer.Option(False, "--native", help="always use the native agent"),
+            inventory: Optional[str] = InvOpt) -> None:
+    """Add a device to the inventory."""
+    def body():
+        from edgetune.devices.inventory import Inventory
+
+        spec = Inventory(inventory).add(name, url, key=key, known_hosts=known_hosts,
+                                        trust_on_first_use=trust_on_first_use or None, workdir=workdir,
+                                        python=python, native=native or None)
+        console.print(f"added {spec.name} ({spec.url})", highlight=False)
+    run_guarded(body)
+
+
+@app.command("rm")
+def rm_cmd(name: str, inventory: Optional[str] = InvOpt,
+           cleanup: bool = typer.Option(False, "--cleanup", help="also delete edgetune's work dir on the device")) -> None:
+    """Remove a device (optionally deleting what edgetune put on it)."""
+    def body():
+        from edgetune.agent.host import AgentClient
+        from edgetune.devices.inventory import Inventory
+
+        inv = Inventory(inventory)
+        spec = inv.get(name)
+        if cleanup:
+            client = AgentClient(spec)
+            try:
+                client.cleanup()
+            finally:
+                client.close()
+        inv.remove(name)
+        console.print(f"removed {name}", highlight=False)
+    run_guarded(body)
+
+
+@app.command("check")
+def check_cmd(name: Optional[str] = typer.Argument(None), inventory: Optional[str] = InvOpt,
+              fmt: Format = FormatOpt) -> None:
+    """Connect, provision the agent and report health (exit 3 if any device is down)."""
+    def body():
+        from edgetune.devices.inventory import Inventory
+
+        inv = Inventory(inventory)
+        specs = [inv.get(name)] if name else list(inv.load().values())
+        rows = [_probe(s) for s in specs]
+        if fmt == Format.json:
+            emit_json(rows)
+        else:
+            console.print(_table(rows))
+        if any(r["health"] != "ok" for r in rows):
+            raise typer.Exit(3)
+    run_guarded(body)

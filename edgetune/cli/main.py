@@ -1,0 +1,36 @@
+"""edgetune command line."""
+
+from __future__ import annotations
+
+import typer
+
+from edgetune import __version__
+from edgetune.cli import bench, db, devices, report, tune, verify
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Tune ML inference on the device it ships on: verified, measured honestly, reproducible.")
+app.command("tune")(tune.tune_cmd)
+app.command("bench")(bench.bench_cmd)
+app.command("verify")(verify.verify_cmd)
+app.command("report")(report.report_cmd)
+app.add_typer(db.app, name="db")
+app.add_typer(devices.app, name="devices")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True)) -> None:
+    pass
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""edgetune tune MODEL"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from edgetune.cli.common import DbOpt, DimOpt, Format, FormatOpt, console, emit_json, err_console, run_guarded
+
+
+def tune_cmd(
+    model: str = typer.Argument(..., help="ONNX or .tflite file, or a bundled model name (mobilenet, transformer)"),
+    device: List[str] = typer.Option(["local"], "--device", "-d", help="device name; repeat for a farm (run in parallel)"),
+    budget: float = typer.Option(60.0, "--budget", help="seconds of tuning per device (all shapes together)"),
+    sweep: List[str] = typer.Option([], "--sweep", help="tune per shape: --sweep batch=1,4,16 --sweep seq=32,128"),
+    dim: List[str] = DimOpt,
+    input: List[str] = typer.Option([], "--input", help="user input data: --input name=file.npy (verified too)"),
+    space: str = typer.Option("ort,tflite,tvm-relax", "--space", help="candidate spaces to search"),
+    adapter: List[str] = typer.Option([], "--adapter", help="a Python runtime adapter .py to add as a candidate"),
+    rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved measuring rounds for the finalists"),
+    finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),
+    max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="cap per space (quick runs)"),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds before a candidate counts as hung"),
+    fresh: bool = typer.Option(False, "--fresh", help="start a new run instead of resuming an identical one"),
+    report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="also write report.md and report.json here"),
+    db: Optional[str] = DbOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Tune MODEL on one or more devices: every candidate verified, speedups with 95% CIs."""
+    run_guarded(_tune, model, device, budget, sweep, dim, input, space, adapter, rounds, finalists, max_candidates,
+                timeout, fresh, report_dir, db, fmt)
+
+
+def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
+          fresh, report_dir, db, fmt):
+    from edgetune.api import resolve_model
+    from edgetune.errors import UserInputError
+    from edgetune.report import markdown, report_dict, write_atomic
+    from edgetune.space import SPACES
+    from edgetune.space.adapter import adapter_candidate
+    from edgetune.tune import TuneConfig, tune
+    from edgetune.cli.tables import run_tables
+
+    spaces = tuple(s.strip() for s in space.split(",") if s.strip())
+    bad = [s for s in spaces if s not in SPACES]
+    if bad:
+        raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")
+    if budget <= 0:
+        raise UserInputError("--budget must be positive")
+    extra = []
+    for a in adapters:
+        cand, sp = adapter_candidate(a)
+        extra.append((cand, sp))
+    cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
+                     max_candidates=max_candidates, fresh=fresh, extra=[])
+    # adapters are prepared by their space like any other candidate
+    cfg.extra = [(c, s) for c, s in extra]  # type: ignore[misc]
+    command = "edgetune " + " ".join(sys.argv[1:]) if sys.argv and "edgetune" in sys.argv[0] else ""
+
+    progress = Progress(TextColumn("[bold]{task.fields[device]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                        TextColumn("{task.description}", style="dim"), console=err_console,
+                        disable=fmt == Format.json or not err_console.is_terminal, transient=True)
+    tasks: dict[str, int] = {}
+    log_lines = fmt != Format.json and not err_console.is_terminal
+
+    def on_event(ev):
+        d = ev.get("device", "")
+        if ev["event"] == "start":
+            tasks[d] = progress.add_task(f"run {ev['run_id']}" + (" (resuming)" if ev["resumed"] else ""),
+                                         total=ev["total_jobs"], device=d)
+            if log_lines:
+                err_console.print(f"{d}: run {ev['run_id']}{' (resuming)' if ev['resumed'] else ''}: "
+                                  f"{ev['candidates']} candidates × {ev['points']} shapes")
+        elif ev["event"] in ("job", "skip") and d in tasks:
+            progress.advance(tasks[d])
+            if ev["event"] == "job":
+                med = f"{ev['median_ms']:.4f} ms" if ev.get("median_ms") is not None else ""
+                progress.update(tasks[d], description=f"{ev['shape']} r{ev['round']} {ev['candidate']} {ev['status']} {med}")
+                if log_lines and ev["status"] != "verified":
+                    err_console.print(f"{d}: {ev['shape']} {ev['candidate']}: {ev['status']}: {ev['reason']}",
+                                      highlight=False)
+        elif ev["event"] in ("retry", "down"):
+            err_console.print(f"[yellow]{d}: {ev['event']}: {ev.get('error')}[/]", highlight=False)
+
+    with progress:
+        outcome = tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=cfg,
+                       progress=on_event, command=command)
+    rep = report_dict(outcome)
+    if report_dir is not None:
+        write_atomic(report_dir / "report.json", __import__("json").dumps(rep, indent=2, default=str))
+        write_atomic(report_dir / "report.md", markdown(rep))
+    if fmt == Format.json:
+        emit_json(rep)
+    else:
+        for d in outcome.devices:
+            if d.summary:
+                for t in run_tables(d.summary):
+                    console.print(t)
+            note = f" (resumed: {d.jobs_skipped} jobs already recorded)" if d.jobs_skipped else ""
+            if d.status != "complete":
+                console.print(f"[red]{d.device}: down: {d.error}[/]{note}", highlight=False)
+            else:
+                console.print(f"{d.device}: run {d.run_id} complete, {d.jobs_run} jobs run{note}", highlight=False)
+        if report_dir is not None:
+            console.print(f"report written to {report_dir / 'report.md'} and {report_dir / 'report.json'}")
+    if any(d.status != "complete" for d in outcome.devices):
+        raise typer.Exit(3)

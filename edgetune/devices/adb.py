@@ -1,0 +1,320 @@
+"""The adb transport: a phone behind a (real) adb server.
+
+Server-level questions (is the device there, its state, its features) go through adbutils'
+``AdbClient``. The per-command path speaks the adb server's smart-socket protocol directly on a
+plain socket: ``host:transport:SERIAL`` then ``shell,v2,raw:CMD`` (shell protocol v2, so exit
+codes and stderr come back separately), and ``sync:`` for push/pull. adbutils' own connections
+cost ~20 ms per command (``AdbConnection.close`` sleeps 10 ms, and ``open_transport`` asks the
+server its version first, on another connection that sleeps too), and on a refused connection
+adbutils silently starts an adb server on the default port; here a command costs one short
+connection and a refused one is a ``DeviceUnreachable``.
+
+Each command is ``echo $$ >&2; exec ARGV`` where ARGV comes from ``shell_join`` (the only quoting
+site). The first stderr line (the remote pid, also its process group: adbd setsid()s the shell) is
+stripped; on timeout the transport kills that group on the device and closes the stream (which
+makes adbd kill it too).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import threading
+import time
+from typing import Sequence
+
+from edgetune.devices.base import Completed, shell_join
+from edgetune.errors import AuthError, DeviceError, DeviceUnreachable, MissingExtra
+
+DEFAULT_WORKDIR = "/data/local/tmp/edgetune"
+_SYNC_DATA_MAX = 64 * 1024
+_ID_STDIN, _ID_STDOUT, _ID_STDERR, _ID_EXIT, _ID_CLOSE_STDIN = 0, 1, 2, 3, 4
+
+
+class AdbTransport:
+    """``Transport`` over adb. ``serial`` as ``adb devices`` lists it (e.g. ``127.0.0.1:40123``)."""
+
+    kind = "adb"
+
+    def __init__(self, serial: str, adb_host: str = "127.0.0.1", adb_port: int = 5037,
+                 workdir: str = DEFAULT_WORKDIR, connect_timeout: float = 5.0):
+        self.serial = serial
+        self.adb_host = adb_host
+        self.adb_port = int(adb_port)
+        self.workdir = workdir
+        self.connect_timeout = connect_timeout
+        default = (adb_host, self.adb_port) in (("127.0.0.1", 5037), ("localhost", 5037))
+        self.address = f"adb://{serial}" + ("" if default else f"@{adb_host}:{self.adb_port}")
+        self._checked = False
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- device state ---------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise ``DeviceUnreachable``/``AuthError`` unless the device is online and speaks shell v2."""
+        self._server_socket(timeout=self.connect_timeout).close()  # up? (adbutils would start one)
+        try:
+            import adbutils
+        except ImportError:
+            raise MissingExtra("the adb transport", "remote") from None
+
+        client = adbutils.AdbClient(host=self.adb_host, port=self.adb_port, socket_timeout=self.connect_timeout)
+        try:
+            state = client.device(self.serial).get_state()
+        except adbutils.AdbError as exc:
+            raise self._map_fail(str(exc)) from None
+        if state != "device":
+            raise self._map_fail(f"device {state}")
+        try:
+            features = client.device(self.serial).get_features().split(",")
+        except adbutils.AdbError as exc:
+            raise self._map_fail(str(exc)) from None
+        if "shell_v2" not in features:
+            raise DeviceError(f"{self.address}: device lacks the shell_v2 feature (Android < 7 is not supported)")
+        self._checked = True
+
+    def _ensure(self) -> None:
+        if self._closed:
+            raise DeviceError(f"{self.address}: transport is closed")
+        if not self._checked:
+            with self._lock:
+                if not self._checked:
+                    self.check()
+
+    # -- raw smart-socket connection to the adb server --------------------------------------
+    def _server_socket(self, timeout: float) -> socket.socket:
+        try:
+            s = socket.create_connection((self.adb_host, self.adb_port), timeout=timeout)
+        except OSError as exc:
+            raise DeviceUnreachable(
+                f"adb server {self.adb_host}:{self.adb_port} unreachable ({exc.strerror or exc}); "
+                f"start it with: adb -P {self.adb_port} start-server") from None
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+
+    def _map_fail(self, msg: str) -> DeviceError:
+        line = " ".join(msg.strip().splitlines()[:1]) or "unknown error"
+        low = msg.lower()
+        if "unauthorized" in low:
+            return AuthError(f"{self.address}: device unauthorized: accept this host's adb key "
+                             "(~/.android/adbkey.pub) on the device")
+        if "not found" in low or "offline" in low or "no devices" in low or "closed" in low:
+            return DeviceUnreachable(f"{self.address}: {line}")
+        return DeviceError(f"{self.address}: {line}")
+
+    def _open(self, service: str, timeout: float) -> socket.socket:
+        """A socket connected to ``service`` on the device (after both OKAYs)."""
+        s = self._server_socket(timeout=min(timeout, self.connect_timeout))
+        try:
+            s.settimeout(max(timeout, 0.001))
+            for req in (f"host:transport:{self.serial}", service):
+                data = req.encode("utf-8", "surrogateescape")
+                s.sendall(b"%04x" % len(data) + data)
+                status = _recv_exact(s, 4)
+                if status != b"OKAY":
+                    if status == b"FAIL":
+                        n = int(_recv_exact(s, 4), 16)
+                        raise self._map_fail(_recv_exact(s, n).decode("utf-8", "replace"))
+                    raise DeviceError(f"{self.address}: unexpected adb server reply {status!r}")
+            return s
+        except BaseException as exc:
+            s.close()
+            if isinstance(exc, socket.timeout):
+                raise DeviceUnreachable(f"{self.address}: adb server did not answer in {timeout:.1f} s") from None
+            if isinstance(exc, (OSError, EOFError)):
+                raise DeviceUnreachable(f"{self.address}: connection to adb server lost ({exc})") from None
+            raise
+
+    # -- Transport --------------------------------------------------------------------------
+    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None) -> Completed:
+        self._ensure()
+        argv = [str(a) for a in argv]
+        # $$ is the pid (and process group) of the command after exec: reported for the timeout kill
+        cmd = "echo $$ >&2; exec " + shell_join(argv)
+        deadline = time.monotonic() + timeout
+        s = self._open("shell,v2,raw:" + cmd, timeout)
+        out, err = bytearray(), bytearray()
+        pid: int | None = None
+        writer = None
+        try:
+            if stdin is None:
+                s.sendall(_packet(_ID_CLOSE_STDIN, b""))
+            elif len(stdin) <= _SYNC_DATA_MAX:
+                s.sendall(_packet(_ID_STDIN, stdin) + _packet(_ID_CLOSE_STDIN, b""))
+            else:  # big stdin: write concurrently, the command may produce output before reading it
+                writer = threading.Thread(target=_feed, args=(s, stdin), daemon=True)
+                writer.start()
+            buf = bytearray()
+            errline = bytearray()
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout()
+                s.settimeout(left)
+                chunk = s.recv(262144)
+                if not chunk:
+                    raise DeviceUnreachable(f"{self.address}: device closed the shell stream without an exit status")
+                buf += chunk
+                while len(buf) >= 5:
+                    pkt_id, n = struct.unpack_from("<BI", buf, 0)
+                    if len(buf) < 5 + n:
+                        break
+                    data = bytes(buf[5:5 + n])
+                    del buf[:5 + n]
+                    if pkt_id == _ID_STDOUT:
+                        out += data
+                    elif pkt_id == _ID_STDERR:
+                        if pid is None:
+                            errline += data
+                            nl = errline.find(b"\n")
+                            if nl >= 0:
+                                pid = _int_or_none(errline[:nl])
+                                err += errline[nl + 1:]
+                                if pid is None:  # not ours: keep it all
+                                    err[:0] = errline[:nl + 1]
+                        else:
+                            err += data
+                    elif pkt_id == _ID_EXIT:
+                        return Completed(data[0] if data else 255, bytes(out), bytes(err))
+        except socket.timeout:
+            if pid is None and errline:
+                pid = _int_or_none(errline.split(b"\n")[0])
+            self._kill_remote(pid)
+            return Completed(-signal.SIGKILL, bytes(out), bytes(err), timed_out=True)
+        except OSError as exc:
+            raise DeviceUnreachable(f"{self.address}: shell stream lost ({exc.strerror or exc})") from None
+        finally:
+            s.close()
+
+    def _kill_remote(self, pid: int | None) -> None:
+        if not pid or pid <= 1:
+            return
+        try:
+            s = self._open("shell,v2,raw:" + shell_join(["kill", "-9", f"-{pid}", str(pid)]) + " 2>/dev/null",
+                           self.connect_timeout)
+        except DeviceError:
+            return
+        try:
+            s.sendall(_packet(_ID_CLOSE_STDIN, b""))
+            s.settimeout(self.connect_timeout)
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+    def push(self, local: str, remote: str) -> None:
+        self._ensure()
+        try:
+            st = os.stat(local)
+            f = open(local, "rb")
+        except OSError as exc:
+            raise DeviceError(f"adb push {local}: {exc.strerror or exc}") from None
+        mode = stat.S_IFREG | (st.st_mode & 0o777)
+        with f, self._sync() as s:
+            try:
+                _send_req(s, b"SEND", f"{remote},{mode}".encode("utf-8", "surrogateescape"))
+                while True:
+                    data = f.read(_SYNC_DATA_MAX)
+                    if not data:
+                        break
+                    s.sendall(b"DATA" + struct.pack("<I", len(data)) + data)
+                s.sendall(b"DONE" + struct.pack("<I", int(st.st_mtime)))
+                reply = _recv_exact(s, 8)
+                if reply[:4] == b"FAIL":
+                    msg = _recv_exact(s, struct.unpack("<I", reply[4:])[0]).decode("utf-8", "replace")
+                    raise DeviceError(f"{self.address}: push {local} -> {remote} failed: {msg}")
+                if reply[:4] != b"OKAY":
+                    raise DeviceError(f"{self.address}: push {remote}: unexpected reply {reply[:4]!r}")
+                s.sendall(b"QUIT" + bytes(4))
+            except (OSError, EOFError) as exc:
+                raise DeviceUnreachable(f"{self.address}: push {remote}: connection lost ({exc})") from None
+
+    def pull(self, remote: str, local: str) -> None:
+        self._ensure()
+        tmp = f"{local}.part{os.getpid()}"
+        try:
+            with self._sync() as s, open(tmp, "wb") as f:
+                try:
+                    _send_req(s, b"RECV", remote.encode("utf-8", "surrogateescape"))
+                    while True:
+                        hdr = _recv_exact(s, 8)
+                        cid, n = hdr[:4], struct.unpack("<I", hdr[4:])[0]
+                        if cid == b"DATA":
+                            f.write(_recv_exact(s, n))
+                        elif cid == b"DONE":
+                            break
+                        elif cid == b"FAIL":
+                            msg = _recv_exact(s, n).decode("utf-8", "replace")
+                            raise DeviceError(f"{self.address}: pull {remote} failed: {msg}")
+                        else:
+                            raise DeviceError(f"{self.address}: pull {remote}: unexpected reply {cid!r}")
+                    s.sendall(b"QUIT" + bytes(4))
+                except (OSError, EOFError) as exc:
+                    raise DeviceUnreachable(f"{self.address}: pull {remote}: connection lost ({exc})") from None
+            os.replace(tmp, local)
+        except OSError as exc:
+            raise DeviceError(f"adb pull -> {local}: {exc.strerror or exc}") from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def close(self) -> None:
+        self._closed = True  # nothing is held open between calls
+
+    def __repr__(self) -> str:
+        return f"AdbTransport({self.address})"
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _sync(self):
+        transport = self
+
+        class _Ctx:
+            def __enter__(self_inner):
+                self_inner.s = transport._open("sync:", transport.connect_timeout)
+                self_inner.s.settimeout(max(60.0, transport.connect_timeout))
+                return self_inner.s
+
+            def __exit__(self_inner, *exc):
+                self_inner.s.close()
+
+        return _Ctx()
+
+
+def _packet(pkt_id: int, data: bytes) -> bytes:
+    return struct.pack("<BI", pkt_id, len(data)) + data
+
+
+def _feed(s: socket.socket, data: bytes) -> None:
+    try:
+        mv = memoryview(data)
+        for off in range(0, len(data), _SYNC_DATA_MAX):
+            s.sendall(_packet(_ID_STDIN, bytes(mv[off:off + _SYNC_DATA_MAX])))
+        s.sendall(_packet(_ID_CLOSE_STDIN, b""))
+    except OSError:
+        pass  # the command exited or timed out first; run() reports that
+
+
+def _send_req(s: socket.socket, cid: bytes, payload: bytes) -> None:
+    s.sendall(cid + struct.pack("<I", len(payload)) + payload)
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def _int_or_none(b: bytes) -> int | None:
+    try:
+        return int(b.strip())
+    except ValueError:
+        return None

@@ -1,0 +1,135 @@
+"""Local kernel runner process (host-side stand-in for the device agent's ``tvm-kernel`` backend).
+
+Started by ``edgetune.kernels.search.LocalMeasure`` as ``python -m edgetune.kernels._local_worker``.
+It reads one job directory per line on stdin, runs the job described by ``JOBDIR/request.json``
+(the agent protocol's request, device_agents/PROTOCOL.md), writes outputs and ``result.json``,
+then prints ``EDGETUNE-DONE <JOBDIR>``. A kernel that crashes takes this process down with it,
+which is the point: the tuner survives and records the crash.
+
+Steps per job, as the agent does them: load; poison outputs with NaN; run every input set once
+and save the outputs; run the timing set again (determinism); warm up; time
+``clamp(budget/estimate, min_iters, max_iters)`` iterations one by one with perf_counter_ns;
+check the inputs were not modified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+DONE = "EDGETUNE-DONE"
+
+
+def _resolve(jobdir: Path, p: str) -> Path:
+    q = Path(p)
+    return q if q.is_absolute() else (jobdir / q)
+
+
+def _sha(x: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+
+
+def run_job(jobdir: Path) -> dict:
+    import tvm
+
+    req = json.loads((jobdir / "request.json").read_text())
+    result: dict = {"protocol": 1, "status": "ok", "reason": "", "agent": "edgetune-local",
+                    "clock": "perf_counter_ns", "samples_ns": [], "outputs": [], "repeat_outputs": []}
+    artifact = _resolve(jobdir, req["artifact"])
+    digest = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    if req.get("artifact_sha256") and req["artifact_sha256"] != digest:
+        return {**result, "status": "error", "reason": "artifact sha256 mismatch"}
+    params = req.get("params", {})
+    dev = tvm.runtime.device(params.get("device", "cpu"), 0)
+    t0 = time.perf_counter_ns()
+    lib = tvm.runtime.load_module(str(artifact))
+    entry = params.get("entry", "main")
+    func = lib[entry]
+    result["load_ms"] = (time.perf_counter_ns() - t0) / 1e6
+
+    input_sets = [[np.load(_resolve(jobdir, p)) for p in paths] for paths in req["inputs"]]
+    result["input_sha256_before"] = [_sha(x) for s in input_sets for x in s]
+    out_specs = req["outputs"]
+
+    def fresh_outputs():
+        return [tvm.runtime.tensor(np.full(o["shape"], np.nan, o["dtype"]), dev) for o in out_specs]
+
+    dev_inputs = [[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in s] for s in input_sets]
+    for i, args in enumerate(dev_inputs):
+        outs = fresh_outputs()
+        func(*args, *outs)
+        dev.sync()
+        names = []
+        for k, o in enumerate(outs):
+            name = f"out_{i}_{k}.npy"
+            np.save(jobdir / name, o.numpy())
+            names.append(name)
+        result["outputs"].append(names)
+
+    ts = int(req.get("timing_set", 0))
+    args = dev_inputs[ts]
+    outs = fresh_outputs()
+    func(*args, *outs)
+    dev.sync()
+    for k, o in enumerate(outs):
+        name = f"rep_{k}.npy"
+        np.save(jobdir / name, o.numpy())
+        result["repeat_outputs"].append(name)
+
+    warmup_ns = float(req.get("warmup_ms", 10.0)) * 1e6
+    start = time.perf_counter_ns()
+    warm = 0
+    while True:
+        func(*args, *outs)
+        dev.sync()
+        warm += 1
+        if time.perf_counter_ns() - start >= warmup_ns:
+            break
+    estimate = max((time.perf_counter_ns() - start) / warm, 1.0)
+    iters = int(float(req.get("budget_ms", 100.0)) * 1e6 / estimate)
+    iters = max(int(req.get("min_iters", 3)), min(int(req.get("max_iters", 100000)), iters))
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(iters):
+        t = clock()
+        func(*args, *outs)
+        dev.sync()
+        samples.append(clock() - t)
+    result["warmup_iters"] = warm
+    result["samples_ns"] = samples
+    after = [[x.numpy() for x in s] for s in dev_inputs]
+    result["input_sha256_after"] = [_sha(x) for s in after for x in s]
+    if result["input_sha256_after"] != result["input_sha256_before"]:
+        result["status"] = "error"
+        result["reason"] = "kernel modified its inputs"
+    result["runtime_versions"] = {"tvm": getattr(tvm, "__version__", "?")}
+    return result
+
+
+def main() -> int:
+    for line in sys.stdin:
+        jobdir = Path(line.strip())
+        if not line.strip():
+            continue
+        try:
+            result = run_job(jobdir)
+        except Exception as exc:  # noqa: BLE001 - a failed kernel is a result, not a worker death
+            result = {"protocol": 1, "status": "error", "reason": f"{type(exc).__name__}: {exc}".strip()[:2000],
+                      "samples_ns": [], "outputs": [], "traceback": traceback.format_exc()[-4000:]}
+        tmp = jobdir / "result.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, jobdir / "result.json")
+        sys.stdout.write(f"{DONE} {jobdir}\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,639 @@
+"""Operator workloads for kernel tuning.
+
+A workload is a frozen value: its ``key()`` is stable across runs and machines, it builds its
+TVM PrimFunc on demand, lists its input and output tensors (name, shape, dtype) in argument
+order (inputs first, then outputs, as the kernel's calling convention has them), counts its
+flops, and computes a float64 numpy reference the host keeps to itself.
+
+Two kinds:
+
+* ``OpWorkload`` subclasses (gemm, conv2d_nchw, conv2d_nhwc, depthwise_conv2d_nchw,
+  batch_matmul), parsed from a spec string such as ``"gemm:M=197,N=3072,K=768"``.
+* ``TirWorkload``: a fused PrimFunc extracted from an ONNX model through Relax
+  (``extract_onnx_tasks``). Its reference is the *unscheduled* PrimFunc compiled for the host
+  (fp32, straightforward loop order): there is no float64 formula for an arbitrary fused task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from edgetune.errors import ModelError, UserInputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tvm
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
+    """Seeded inputs with negatives and large values: not zeros, not ones (DESIGN.md §5).
+
+    Normal(0, 1) scaled per tensor, with ~1% of entries blown up by 100x so that a kernel which
+    drops, duplicates or mis-orders terms cannot hide inside the tolerance.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in specs:
+        if not spec.dtype.startswith("float"):
+            out.append(rng.integers(-8, 8, size=spec.shape).astype(spec.dtype))
+            continue
+        x = rng.standard_normal(spec.shape)
+        big = rng.random(spec.shape) < 0.01
+        x = np.where(big, x * 100.0, x)
+        out.append(np.ascontiguousarray(x.astype(spec.dtype)))
+    return out
+
+
+def _conv_out(size: int, kernel: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+class KernelWorkload:
+    """What search.py needs from any workload (duck-typed base for both kinds)."""
+
+    def key(self) -> str:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def flops(self) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def prim_func(self) -> "tvm.tirx.PrimFunc":  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def reference(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:  # pragma: no cover
+        raise NotImplementedError
+
+    def random_inputs(self, seed: int) -> list[np.ndarray]:
+        return random_inputs(self.inputs, seed)
+
+    def ir_module(self) -> "tvm.IRModule":
+        """{"main": prim_func} normalized exactly as MetaSchedule does, so database keys match."""
+        from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+        return _normalize_mod(self.prim_func())
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator workloads (TE)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpWorkload(KernelWorkload):
+    """Base of the spec-string operators. Subclasses declare ``op`` and int fields."""
+
+    op: ClassVar[str] = ""
+    dtype: str = field(default="float32", kw_only=True)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name == "dtype":
+                continue
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise UserInputError(f"{self.op}: {f.name} must be an integer, got {value!r}")
+            lowest = 0 if f.name in ("pad", "TB") else 1
+            if value < lowest:
+                raise UserInputError(f"{self.op}: {f.name}={value} must be >= {lowest}")
+        if self.dtype != "float32":
+            raise UserInputError(f"{self.op}: dtype {self.dtype!r} not supported (float32 only)")
+        for spec in self.outputs:
+            if any(d < 1 for d in spec.shape):
+                raise UserInputError(f"{self.spec()}: output shape {spec.shape} is empty")
+
+    def params(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dtype"}
+
+    def spec(self) -> str:
+        """The spec string this workload parses back from."""
+        body = ",".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{self.op}:{body}"
+
+    def key(self) -> str:
+        return f"{self.spec()},dtype={self.dtype}"
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+@dataclass(frozen=True)
+class Gemm(OpWorkload):
+    """C[M,N] = A[M,K] @ B[K,N]."""
+
+    op: ClassVar[str] = "gemm"
+    M: int
+    N: int
+    K: int
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("A", (self.M, self.K), self.dtype), TensorSpec("B", (self.K, self.N), self.dtype))
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("C", (self.M, self.N), self.dtype),)
+
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+    def prim_func(self):
+        from tvm import te
+
+        a = te.placeholder((self.M, self.K), self.dtype, name="A")
+        b = te.placeholder((self.K, self.N), self.dtype, name="B")
+        k = te.reduce_axis((0, self.K), name="k")
+        c = te.compute((self.M, self.N), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+        return te.create_prim_func([a, b, c])
+
+    def reference(self, inputs):
+        a, b = (np.asarray(x, np.float64) for x in inputs)
+        return [a @ b]
+
+
+@dataclass(frozen=True)
+class BatchMatmul(OpWorkload):
+    """C[b,M,N] = A[b,M,K] @ B[b,K,N]; with TB=1, B is [b,N,K] (attention's Q @ K^T)."""
+
+    op: ClassVar[str] = "batch_matmul"
+    B: int
+    M: int
+    N: int
+    K: int
+    TB: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.TB not in (0, 1):
+            raise UserInputError(f"batch_matmul: TB must be 0 or 1, got {self.TB!r}")
+
+    @property
+    def inputs(self):
+        bshape = (self.B, self.N, self.K) if self.TB else (self.B, self.K, self.N)
+        return (TensorSpec("A", (self.B, self.M, self.K), self.dtype), TensorSpec("B", bshape, self.dtype))
+
+    @property
+    def outputs(self):
+        return (TensorSpec("C", (self.B, self.M, self.N), self.dtype),)
+
+    def flops(self) -> int:
+        return 2 * self.B * self.M * self.N * self.K
+
+    def prim_func(self):
+        from tvm import te
+
+        a = te.placeholder(self.inputs[0].shape, self.dtype, name="A")
+        b = te.placeholder(self.inputs[1].shape, self.dtype, name="B")
+        k = te.reduce_axis((0, self.K), name="k")
+        if self.TB:
+            body = lambda n, i, j: te.sum(a[n, i, k] * b[n, j, k], axis=k)  # noqa: E731
+        else:
+            body = lambda n, i, j: te.sum(a[n, i, k] * b[n, k, j], axis=k)  # noqa: E731
+        c = te.compute((self.B, self.M, self.N), body, name="C")
+        return te.create_prim_func([a, b, c])
+
+    def reference(self, inputs):
+        a, b = (np.asarray(x, np.float64) for x in inputs)
+        if self.TB:
+            b = np.transpose(b, (0, 2, 1))
+        return [np.matmul(a, b)]
+
+
+def _pad_nchw(x: np.ndarray, pad: int) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else x
+
+
+def _windows_nchw(x: np.ndarray, r: int, s: int, stride: int) -> np.ndarray:
+    """[N, C, P, Q, R, S] view of the sliding windows (float64 reference only)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    win = sliding_window_view(x, (r, s), axis=(2, 3))
+    return win[:, :, ::stride, ::stride]
+
+
+@dataclass(frozen=True)
+class Conv2dNCHW(OpWorkload):
+    """Y[N,K,P,Q] = conv(X[N,C,H,W], W[K,C,R,S]) with square stride and zero padding."""
+
+    op: ClassVar[str] = "conv2d_nchw"
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    S: int
+    stride: int = 1
+    pad: int = 0
+
+    @property
+    def P(self) -> int:
+        return _conv_out(self.H, self.R, self.stride, self.pad)
+
+    @property
+    def Q(self) -> int:
+        return _conv_out(self.W, self.S, self.stride, self.pad)
+
+    @property
+    def inputs(self):
+        return (
+            TensorSpec("X", (self.N, self.C, self.H, self.W), self.dtype),
+            TensorSpec("Wt", (self.K, self.C, self.R, self.S), self.dtype),
+        )
+
+    @property
+    def outputs(self):
+        return (TensorSpec("Y", (self.N, self.K, self.P, self.Q), self.dtype),)
+
+    def flops(self) -> int:
+        return 2 * self.N * self.K * self.P * self.Q * self.C * self.R * self.S
+
+    def prim_func(self):
+        from tvm import te, topi
+
+        x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
+        w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
+        xp = topi.nn.pad(x, (0, 0, self.pad, self.pad), name="Xpad") if self.pad else x
+        c = te.reduce_axis((0, self.C), name="c")
+        r = te.reduce_axis((0, self.R), name="r")
+        s = te.reduce_axis((0, self.S), name="s")
+        st = self.stride
+        y = te.compute(
+            self.outputs[0].shape,
+            lambda n, k, p, q: te.sum(xp[n, c, p * st + r, q * st + s] * w[k, c, r, s], axis=[c, r, s]),
+            name="Y",
+        )
+        return te.create_prim_func([x, w, y])
+
+    def reference(self, inputs):
+        x, w = (np.asarray(v, np.float64) for v in inputs)
+        win = _windows_nchw(_pad_nchw(x, self.pad), self.R, self.S, self.stride)
+        return [np.einsum("ncpqrs,kcrs->nkpq", win, w, optimize=True)]
+
+
+@dataclass(frozen=True)
+class Conv2dNHWC(OpWorkload):
+    """Y[N,P,Q,K] = conv(X[N,H,W,C], W[R,S,C,K]) (HWIO filter, as TFLite-style graphs have)."""
+
+    op: ClassVar[str] = "conv2d_nhwc"
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    S: int
+    stride: int = 1
+    pad: int = 0
+
+    @property
+    def P(self) -> int:
+        return _conv_out(self.H, self.R, self.stride, self.pad)
+
+    @property
+    def Q(self) -> int:
+        return _conv_out(self.W, self.S, self.stride, self.pad)
+
+    @property
+    def inputs(self):
+        return (
+            TensorSpec("X", (self.N, self.H, self.W, self.C), self.dtype),
+            TensorSpec("Wt", (self.R, self.S, self.C, self.K), self.dtype),
+        )
+
+    @property
+    def outputs(self):
+        return (TensorSpec("Y", (self.N, self.P, self.Q, self.K), self.dtype),)
+
+    def flops(self) -> int:
+        return 2 * self.N * self.K * self.P * self.Q * self.C * self.R * self.S
+
+    def prim_func(self):
+        from tvm import te, topi
+
+        x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
+        w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
+        xp = topi.nn.pad(x, (0, self.pad, self.pad, 0), name="Xpad") if self.pad else x
+        c = te.reduce_axis((0, self.C), name="c")
+        r = te.reduce_axis((0, self.R), name="r")
+        s = te.reduce_axis((0, self.S), name="s")
+        st = self.stride
+        y = te.compute(
+            self.outputs[0].shape,
+            lambda n, p, q, k: te.sum(xp[n, p * st + r, q * st + s, c] * w[r, s, c, k], axis=[r, s, c]),
+            name="Y",
+        )
+        return te.create_prim_func([x, w, y])
+
+    def reference(self, inputs):
+        x, w = (np.asarray(v, np.float64) for v in inputs)
+        xn = _pad_nchw(np.transpose(x, (0, 3, 1, 2)), self.pad)
+        win = _windows_nchw(xn, self.R, self.S, self.stride)
+        return [np.einsum("ncpqrs,rsck->npqk", win, w, optimize=True)]
+
+
+@dataclass(frozen=True)
+class DepthwiseConv2dNCHW(OpWorkload):
+    """Y[N,C,P,Q] = depthwise conv(X[N,C,H,W], W[C,1,R,S]) (channel multiplier 1)."""
+
+    op: ClassVar[str] = "depthwise_conv2d_nchw"
+    N: int
+    C: int
+    H: int
+    W: int
+    R: int
+    S: int
+    stride: int = 1
+    pad: int = 0
+
+    @property
+    def P(self) -> int:
+        return _conv_out(self.H, self.R, self.stride, self.pad)
+
+    @property
+    def Q(self) -> int:
+        return _conv_out(self.W, self.S, self.stride, self.pad)
+
+    @property
+    def inputs(self):
+        return (
+            TensorSpec("X", (self.N, self.C, self.H, self.W), self.dtype),
+            TensorSpec("Wt", (self.C, 1, self.R, self.S), self.dtype),
+        )
+
+    @property
+    def outputs(self):
+        return (TensorSpec("Y", (self.N, self.C, self.P, self.Q), self.dtype),)
+
+    def flops(self) -> int:
+        return 2 * self.N * self.C * self.P * self.Q * self.R * self.S
+
+    def prim_func(self):
+        from tvm import te, topi
+
+        x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
+        w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
+        xp = topi.nn.pad(x, (0, 0, self.pad, self.pad), name="Xpad") if self.pad else x
+        r = te.reduce_axis((0, self.R), name="r")
+        s = te.reduce_axis((0, self.S), name="s")
+        st = self.stride
+        y = te.compute(
+            self.outputs[0].shape,
+            lambda n, c, p, q: te.sum(xp[n, c, p * st + r, q * st + s] * w[c, 0, r, s], axis=[r, s]),
+            name="Y",
+        )
+        return te.create_prim_func([x, w, y])
+
+    def reference(self, inputs):
+        x, w = (np.asarray(v, np.float64) for v in inputs)
+        win = _windows_nchw(_pad_nchw(x, self.pad), self.R, self.S, self.stride)
+        return [np.einsum("ncpqrs,crs->ncpq", win, w[:, 0], optimize=True)]
+
+
+OPS: dict[str, type[OpWorkload]] = {
+    cls.op: cls for cls in (Gemm, BatchMatmul, Conv2dNCHW, Conv2dNHWC, DepthwiseConv2dNCHW)
+}
+_ALIASES = {"matmul": "gemm", "conv2d": "conv2d_nchw", "depthwise_conv2d": "depthwise_conv2d_nchw",
+            "dwconv2d": "depthwise_conv2d_nchw", "bmm": "batch_matmul"}
+
+
+def parse_workload(spec: str) -> OpWorkload:
+    """``"gemm:M=197,N=3072,K=768"`` -> ``Gemm(M=197, N=3072, K=768)``.
+
+    Raises ``UserInputError`` naming the unknown op, the unknown or missing parameter, or the
+    value that is not an integer.
+    """
+    if not isinstance(spec, str) or ":" not in spec:
+        raise UserInputError(
+            f"bad kernel spec {spec!r}: expected OP:KEY=VALUE,... e.g. gemm:M=512,N=512,K=512"
+        )
+    op, _, body = spec.partition(":")
+    op = _ALIASES.get(op.strip().lower(), op.strip().lower())
+    cls = OPS.get(op)
+    if cls is None:
+        raise UserInputError(f"unknown kernel op {op!r} in {spec!r}; known: {', '.join(sorted(OPS))}")
+    allowed = {f.name: f for f in fields(cls)}
+    lower = {name.lower(): name for name in allowed}
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in body.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise UserInputError(f"bad parameter {item!r} in {spec!r}: expected KEY=VALUE")
+        name = key if key in allowed else lower.get(key.lower())
+        if name is None:
+            raise UserInputError(
+                f"unknown parameter {key!r} for {op} in {spec!r}; allowed: {', '.join(allowed)}"
+            )
+        if name in kwargs:
+            raise UserInputError(f"parameter {name!r} given twice in {spec!r}")
+        value = value.strip()
+        if name == "dtype":
+            kwargs[name] = value
+            continue
+        try:
+            kwargs[name] = int(value)
+        except ValueError:
+            raise UserInputError(f"parameter {name!r} in {spec!r} must be an integer, got {value!r}") from None
+    missing = [f.name for f in fields(cls) if f.name not in kwargs and _is_required(cls, f.name)]
+    if missing:
+        raise UserInputError(f"missing parameter(s) {', '.join(missing)} for {op} in {spec!r}")
+    return cls(**kwargs)
+
+
+def _is_required(cls: type, name: str) -> bool:
+    from dataclasses import MISSING
+
+    for f in fields(cls):
+        if f.name == name:
+            return f.default is MISSING and f.default_factory is MISSING
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# TIR workloads extracted from ONNX through Relax
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class TirWorkload(KernelWorkload):
+    """One fused PrimFunc (a MetaSchedule task) extracted from a model.
+
+    ``weight`` is how many times the model calls it. The reference is the unscheduled PrimFunc
+    compiled for the host (fp32): the tuned kernel must agree with the straightforward one.
+    """
+
+    name: str
+    func: Any  # tvm.tirx.PrimFunc
+    input_specs: tuple[TensorSpec, ...]
+    output_specs: tuple[TensorSpec, ...]
+    weight: int = 1
+    model_key: str = ""
+
+    def key(self) -> str:
+        import tvm_ffi
+
+        h = tvm_ffi.structural_hash(self.func) & 0xFFFFFFFFFFFF
+        return f"tir:{self.name}:{h:012x}"
+
+    @property
+    def inputs(self):
+        return self.input_specs
+
+    @property
+    def outputs(self):
+        return self.output_specs
+
+    def prim_func(self):
+        return self.func
+
+    def flops(self) -> int:
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        return int(estimate_tir_flops(self.ir_module()))
+
+    def reference(self, inputs):
+        import tvm
+
+        rt = _host_reference_module(self)
+        dev = tvm.cpu()
+        args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+        outs = [tvm.runtime.tensor(np.full(s.shape, np.nan, s.dtype), dev) for s in self.outputs]
+        rt["main"](*args, *outs)
+        return [o.numpy().astype(np.float64) for o in outs]
+
+
+_REFERENCE_CACHE: dict[int, Any] = {}
+
+
+def _host_reference_module(wl: TirWorkload):
+    import tvm
+
+    cached = _REFERENCE_CACHE.get(id(wl))
+    if cached is not None and cached[0] is wl:
+        return cached[1]
+    rt = tvm.compile(wl.ir_module(), target=tvm.target.Target({"kind": "llvm"}))
+    _REFERENCE_CACHE[id(wl)] = (wl, rt)
+    return rt
+
+
+def prim_func_io(func) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Split a PrimFunc's tensor params into (inputs, outputs): outputs are those a block writes.
+
+    (TVM 0.27's tirx params are buffer Vars carrying name, shape and dtype themselves.)
+    """
+    import tvm
+
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    written: list = []
+    stack = list(sch.get_child_blocks(sch.get_sblock("root")))
+    while stack:
+        block = stack.pop()
+        written.extend(region.source for region in sch.get(block).writes)
+        stack.extend(sch.get_child_blocks(block))
+    ins, outs = [], []
+    for param in func.params:
+        spec = TensorSpec(str(param.name), tuple(int(d) for d in param.shape), str(param.dtype))
+        (outs if any(param.same_as(w) for w in written) else ins).append(spec)
+    order = [str(p.name) for p in func.params]
+    if [s.name for s in ins + outs] != order:
+        raise ValueError(f"PrimFunc arguments are not inputs-then-outputs: {order}")
+    return tuple(ins), tuple(outs)
+
+
+def relax_prepare(mod):
+    """The pass pipeline MetaSchedule task extraction needs (raw from_onnx output yields none)."""
+    import tvm
+    from tvm import relax
+
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+        ]
+    )
+    return seq(mod)
+
+
+def relax_fuse(mod):
+    import tvm
+    from tvm import relax
+
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
+    return seq(mod)
+
+
+def load_onnx_relax(onnx_path: str | Path, input_shapes: Mapping[str, Sequence[int]]):
+    """ONNX file -> Relax IRModule with the given static input shapes, weights bound as constants."""
+    try:
+        import onnx
+    except ImportError as exc:  # pragma: no cover
+        from edgetune.errors import MissingExtra
+
+        raise MissingExtra("ONNX import", "tvm") from exc
+    from tvm.relax.frontend.onnx import from_onnx
+
+    path = Path(onnx_path)
+    if not path.is_file():
+        raise ModelError(f"model not found: {path}")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
+        raise ModelError(f"cannot read ONNX model {path}: {exc}") from exc
+    graph_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    unknown = set(input_shapes) - set(graph_inputs)
+    if unknown:
+        raise UserInputError(f"{path.name}: no input named {sorted(unknown)}; inputs are {graph_inputs}")
+    shape_dict = {k: [int(d) for d in v] for k, v in input_shapes.items()}
+    try:
+        mod = from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelError(f"TVM cannot import {path.name}: {exc}") from exc
+    return mod
+
+
+def extract_onnx_tasks(
+    onnx_path: str | Path, input_shapes: Mapping[str, Sequence[int]], target: Mapping[str, Any] | Any
+) -> list[TirWorkload]:
+    """Tuning tasks of an ONNX model: one TirWorkload per distinct fused PrimFunc."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(dict(target))
+    mod = relax_fuse(relax_prepare(load_onnx_relax(onnx_path, input_shapes)))
+    model_key = hashlib.sha256(Path(onnx_path).read_bytes()).hexdigest()[:16]
+    tasks = []
+    for task in ms.relax_integration.extract_tasks(mod, tgt):
+        func = task.dispatched[0]["main"] if "main" in [g.name_hint for g in task.dispatched[0].get_global_vars()] else next(iter(task.dispatched[0].functions.values()))
+        ins, outs = prim_func_io(func)
+        tasks.append(TirWorkload(task.task_name, func, ins, outs, int(task.weight), model_key))
+    return tasks

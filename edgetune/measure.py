@@ -1,0 +1,186 @@
+"""Measurement: raw samples -> statistics (DESIGN.md §4).
+
+Every raw sample is kept; statistics are derived, never stored instead of samples. A speedup is
+a ratio of medians with its own bootstrap CI, and "faster" is claimed only when the whole CI lies
+above 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20261129
+_CHUNK_ELEMS = 4_000_000  # bound the bootstrap's memory: resamples x n per chunk
+
+
+def iterations_for_budget(budget_ms: float, estimate_ns: float, min_iters: int = 3, max_iters: int = 100_000) -> int:
+    """Turn a millisecond budget into an iteration count from a per-iteration estimate."""
+    if estimate_ns <= 0 or not math.isfinite(estimate_ns):
+        return min_iters
+    n = int(budget_ms * 1e6 // estimate_ns)
+    return max(min_iters, min(max_iters, n))
+
+
+@dataclass(frozen=True)
+class Stats:
+    n: int
+    median_ns: float
+    p10_ns: float
+    p90_ns: float
+    mean_ns: float
+    min_ns: float
+    cv: float  # std / mean
+    ci_low_ns: float  # bootstrap 95% CI of the median
+    ci_high_ns: float
+
+    @property
+    def median_ms(self) -> float:
+        return self.median_ns / 1e6
+
+    def as_dict(self) -> dict:
+        return {
+            "n": self.n,
+            "median_ms": self.median_ns / 1e6,
+            "p10_ms": self.p10_ns / 1e6,
+            "p90_ms": self.p90_ns / 1e6,
+            "mean_ms": self.mean_ns / 1e6,
+            "min_ms": self.min_ns / 1e6,
+            "cv": self.cv,
+            "ci95_ms": [self.ci_low_ns / 1e6, self.ci_high_ns / 1e6],
+        }
+
+
+def _as_array(samples: Sequence[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(samples, dtype=np.float64).ravel()
+    if arr.size == 0:
+        raise ValueError("no samples")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError("samples must be finite and non-negative")
+    return arr
+
+
+def _bootstrap_medians(arr: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    n = arr.size
+    per_chunk = max(1, _CHUNK_ELEMS // n)
+    out = np.empty(resamples)
+    done = 0
+    while done < resamples:
+        k = min(per_chunk, resamples - done)
+        idx = rng.integers(0, n, size=(k, n))
+        out[done : done + k] = np.median(arr[idx], axis=1)
+        done += k
+    return out
+
+
+def summarize(samples: Sequence[float] | np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES) -> Stats:
+    arr = _as_array(samples)
+    med = float(np.median(arr))
+    if arr.size == 1:
+        lo = hi = med
+    else:
+        rng = np.random.default_rng(BOOTSTRAP_SEED)
+        meds = _bootstrap_medians(arr, rng, resamples)
+        lo, hi = (float(v) for v in np.percentile(meds, [2.5, 97.5]))
+    mean = float(arr.mean())
+    cv = float(arr.std(ddof=1) / mean) if arr.size > 1 and mean > 0 else 0.0
+    return Stats(
+        n=int(arr.size),
+        median_ns=med,
+        p10_ns=float(np.percentile(arr, 10)),
+        p90_ns=float(np.percentile(arr, 90)),
+        mean_ns=mean,
+        min_ns=float(arr.min()),
+        cv=cv,
+        ci_low_ns=lo,
+        ci_high_ns=hi,
+    )
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """speedup = median(baseline) / median(candidate); > 1 means the candidate is faster."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+
+    @property
+    def verdict(self) -> str:
+        if self.ci_low > 1.0:
+            return "faster"
+        if self.ci_high < 1.0:
+            return "slower"
+        return "no significant difference"
+
+    def as_dict(self) -> dict:
+        return {"speedup": self.value, "ci95": [self.ci_low, self.ci_high], "verdict": self.verdict}
+
+
+def speedup(baseline: Sequence[float] | np.ndarray, candidate: Sequence[float] | np.ndarray,
+            resamples: int = BOOTSTRAP_RESAMPLES) -> Ratio:
+    """Ratio of medians with a bootstrap 95% CI (baseline and candidate resampled independently)."""
+    b = _as_array(baseline)
+    c = _as_array(candidate)
+    value = float(np.median(b) / np.median(c))
+    rng = np.random.default_rng(BOOTSTRAP_SEED + 1)
+    mb = _bootstrap_medians(b, rng, resamples)
+    mc = _bootstrap_medians(c, rng, resamples)
+    ratios = mb / mc
+    lo, hi = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
+    return Ratio(value, lo, hi)
+
+
+_GROUP_CAP = 1000  # samples kept per round for the grouped bootstrap (bounds its cost)
+
+
+def _capped(groups: Sequence[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    out = []
+    for g in groups:
+        g = _as_array(g)
+        out.append(g if g.size <= _GROUP_CAP else rng.choice(g, _GROUP_CAP, replace=False))
+    return out
+
+
+def grouped_speedup(pairs: Sequence[tuple[np.ndarray, np.ndarray]], resamples: int = BOOTSTRAP_RESAMPLES) -> Ratio:
+    """Speedup from interleaved rounds: pairs[r] = (baseline samples, candidate samples) of round r.
+
+    Samples within one process are correlated; rounds are the independent units. The CI comes from a
+    two-level bootstrap: rounds resampled with replacement (baseline and candidate together, since
+    they ran side by side), then samples within each chosen round. The point value is the ratio of
+    pooled medians.
+    """
+    if len(pairs) < 2:
+        b, c = pairs[0]
+        return speedup(b, c, resamples)
+    b_all = np.concatenate([_as_array(b) for b, _ in pairs])
+    c_all = np.concatenate([_as_array(c) for _, c in pairs])
+    value = float(np.median(b_all) / np.median(c_all))
+    rng = np.random.default_rng(BOOTSTRAP_SEED + 2)
+    bs = _capped([b for b, _ in pairs], rng)
+    cs = _capped([c for _, c in pairs], rng)
+    n_rounds = len(pairs)
+    ratios = np.empty(resamples)
+    for i in range(resamples):
+        picks = rng.integers(0, n_rounds, size=n_rounds)
+        bb = np.concatenate([bs[p][rng.integers(0, bs[p].size, size=bs[p].size)] for p in picks])
+        cc = np.concatenate([cs[p][rng.integers(0, cs[p].size, size=cs[p].size)] for p in picks])
+        ratios[i] = np.median(bb) / np.median(cc)
+    lo, hi = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
+    return Ratio(value, lo, hi)
+
+
+def grouped_median_ci(groups: Sequence[np.ndarray], resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
+    """95% CI of the pooled median with rounds as the independent units (see grouped_speedup)."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED + 3)
+    gs = _capped(groups, rng)
+    meds = np.empty(resamples)
+    for i in range(resamples):
+        picks = rng.integers(0, len(gs), size=len(gs))
+        meds[i] = np.median(np.concatenate([gs[p][rng.integers(0, gs[p].size, size=gs[p].size)] for p in picks]))
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return float(lo), float(hi)

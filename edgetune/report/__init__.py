@@ -1,0 +1,143 @@
+"""Reports: versioned JSON (schema edgetune.report/1) and Markdown. Every figure carries the device
+fingerprint, the versions and the command that reproduces it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from edgetune.results import REPORT_SCHEMA, CandidateSummary, RunSummary
+
+
+def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
+    runs: list[RunSummary]
+    devices_down: list[dict[str, str]] = []
+    if hasattr(outcome_or_runs, "devices"):
+        runs = [d.summary for d in outcome_or_runs.devices if d.summary is not None]
+        devices_down = [{"device": d.device, "error": d.error} for d in outcome_or_runs.devices if d.status != "complete"]
+    else:
+        runs = list(outcome_or_runs)
+    return {
+        "schema": REPORT_SCHEMA,
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": [r.as_dict() for r in runs],
+        "devices_down": devices_down,
+        "comparison": compare_devices(runs),
+    }
+
+
+def compare_devices(runs: Iterable[RunSummary]) -> list[dict[str, Any]]:
+    """Best verified configuration per device and shape, side by side (emulated devices labelled)."""
+    rows = []
+    for r in runs:
+        for s in r.shapes:
+            best = s.best
+            if best is None or best.stats is None:
+                rows.append({"device": r.device, "fingerprint_key": r.fingerprint_key, "shape": s.shape,
+                             "best": None, "emulated": r.emulated})
+                continue
+            rows.append({"device": r.device, "fingerprint_key": r.fingerprint_key, "shape": s.shape,
+                         "best": best.candidate.label(), "best_key": best.candidate.key(),
+                         "median_ms": best.stats.median_ms,
+                         "ci95_ms": [best.stats.ci_low_ns / 1e6, best.stats.ci_high_ns / 1e6],
+                         "speedup_vs_default": best.vs_default.as_dict() if best.vs_default else None,
+                         "emulated": r.emulated})
+    return rows
+
+
+def fmt_ms(ns: float) -> str:
+    ms = ns / 1e6
+    if ms < 0.01:
+        return f"{ms * 1000:.2f} µs"
+    if ms < 1:
+        return f"{ms:.4f}"
+    return f"{ms:.3f}"
+
+
+def fmt_speedup(c: CandidateSummary, emulated: bool) -> str:
+    if c.vs_default is None:
+        return "—"
+    r = c.vs_default
+    text = f"{r.value:.2f}× [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+    if emulated:
+        return text + " (emulated)"
+    return text + {"faster": " faster", "slower": " slower", "no significant difference": " ≈"}[r.verdict]
+
+
+def fmt_err(c: CandidateSummary) -> str:
+    if c.max_rel_err is None:
+        return "—"
+    return f"{c.max_rel_err:.1e}"
+
+
+def markdown(rep: dict[str, Any]) -> str:
+    from edgetune.results import RunSummary  # noqa: F401 (documentation of the shape)
+
+    out = ["# edgetune report", "", f"schema `{rep['schema']}`, generated {rep['generated']}", ""]
+    for run in rep["runs"]:
+        fp = run["fingerprint"]
+        out += [f"## {Path(run['model']).name} on `{run['device']}`", "",
+                f"- device fingerprint `{run['fingerprint_key']}`: {fp.get('cpu_model')}, {fp.get('cores')} cores, "
+                f"{fp.get('arch', '')}, kernel {fp.get('kernel')}, {fp.get('os')}, governor {fp.get('governor')}"
+                + (f", **emulated ({fp.get('emulated')}): timings are not comparable**" if run["emulated"] else ""),
+                f"- versions: `{json.dumps(run['versions'], sort_keys=True)}`",
+                f"- model sha256 `{run['model_sha256'][:16]}…`, run `{run['run_id']}` ({run['status']})",
+                f"- command: `{run['config'].get('command') or 'edgetune tune ' + run['model']}`", ""]
+        for s in run["shapes"]:
+            shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
+            out += [f"### {shape}", "",
+                    "| candidate | key | status | phase | median ms | 95% CI ms | p10–p90 ms | CV | n | max rel err | speedup vs default [95% CI] |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|"]
+            for c in s["candidates"]:
+                st = c["stats"]
+                sp = c["speedup_vs_default"]
+                sp_txt = (f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] {sp['verdict']}"
+                          if sp else "—")
+                status = c["status"] + (f": {c['reason']}" if c["reason"] else "")
+                mark = " **best**" if c["candidate"]["key"] == s["best"] else ""
+                if st:
+                    out.append(f"| {c['label']}{mark} | `{c['candidate']['key']}` | {status} | {c['phase']} | "
+                               f"{st['median_ms']:.4f} | {st['ci95_ms'][0]:.4f}–{st['ci95_ms'][1]:.4f} | "
+                               f"{st['p10_ms']:.4f}–{st['p90_ms']:.4f} | {st['cv']:.2f} | {st['n']} | "
+                               f"{c['max_rel_err'] if c['max_rel_err'] is None else format(c['max_rel_err'], '.1e')} | {sp_txt} |")
+                else:
+                    out.append(f"| {c['label']} | `{c['candidate']['key']}` | {status} | {c['phase']} | — | — | — | — | 0 | — | — |")
+            out.append("")
+    if len({r["device"] for r in rep["runs"]}) > 1:
+        out += ["## Devices side by side", "", "| device | shape | best configuration | median ms | 95% CI ms | speedup vs default |",
+                "|---|---|---|---|---|---|"]
+        for row in rep["comparison"]:
+            shape = " ".join(f"{k}={v}" for k, v in row["shape"].items())
+            if row.get("best") is None:
+                out.append(f"| {row['device']} | {shape} | none verified | — | — | — |")
+                continue
+            sp = row["speedup_vs_default"]
+            emu = " (emulated)" if row["emulated"] else ""
+            out.append(f"| {row['device']}{emu} | {shape} | {row['best']} | {row['median_ms']:.4f} | "
+                       f"{row['ci95_ms'][0]:.4f}–{row['ci95_ms'][1]:.4f} | "
+                       + (f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}]" if sp else "—") + " |")
+        out.append("")
+    for d in rep.get("devices_down", []):
+        out.append(f"- device `{d['device']}` went down: {d['error']}")
+    return "\n".join(out) + "\n"
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    from edgetune.errors import UserInputError
+
+    p = Path(path)
+    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise UserInputError(f"cannot write {p}: {exc.strerror or exc}") from exc
+    return p

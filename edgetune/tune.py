@@ -1,0 +1,356 @@
+"""The tuning loop: candidates -> prepare -> run on the device's agent -> verify -> record -> select.
+
+Per device and shape point:
+  round 0 (screen): every candidate runs once in its own process: verified, short timing budget;
+  rounds 1..R (race): the runtime baselines and the best verified candidates run again, interleaved
+  (A B C, B C A, ...) so drift hits all of them; their final statistics and speedups come from these
+  rounds only. Every job of every round is verified; one failure disqualifies a candidate.
+Every job is committed to the database as it finishes; a re-run with the same arguments resumes.
+Devices run in parallel, one worker each; a device that goes away is marked down, the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+import edgetune
+from edgetune.agent.host import AgentClient, AgentInfo, Job, JobResult
+from edgetune.candidate import Candidate
+from edgetune.db import Store
+from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home
+from edgetune.errors import DeviceError, DeviceUnreachable, HostKeyMismatch, AuthError, UserInputError
+from edgetune.results import RunSummary, summarize_run
+from edgetune.space import BuildFailed, Prepared, load_space
+from edgetune.verify import Verdict, array_sha256, verify
+from edgetune.workload import Model, Workload, build_workload, load_model, shape_points
+
+ProgressFn = Callable[[dict[str, Any]], None]
+DEFAULT_SPACES = ("ort", "tflite", "tvm-relax")
+
+
+@dataclass
+class TuneConfig:
+    budget_s: float = 60.0  # per device, all shape points together
+    rounds: int = 3
+    finalists: int = 5
+    timeout_s: float = 60.0  # per job, on top of its measuring budget
+    spaces: tuple[str, ...] = DEFAULT_SPACES
+    max_candidates: int | None = None  # cap per space (baseline always kept), for quick runs
+    seed: int = 0
+    fresh: bool = False
+    retries: int = 3
+    extra: list[tuple[Candidate, Prepared]] = field(default_factory=list)  # e.g. user adapters
+
+    def key_dict(self) -> dict[str, Any]:
+        return {"budget_s": self.budget_s, "rounds": self.rounds, "finalists": self.finalists,
+                "spaces": list(self.spaces), "max_candidates": self.max_candidates, "seed": self.seed,
+                "extra": [c.key() for c, _ in self.extra]}
+
+
+@dataclass
+class DeviceOutcome:
+    device: str
+    status: str  # complete | down
+    error: str = ""
+    run_id: str | None = None
+    summary: RunSummary | None = None
+    resumed: bool = False
+    jobs_run: int = 0
+    jobs_skipped: int = 0
+
+
+@dataclass
+class TuneOutcome:
+    model: str
+    devices: list[DeviceOutcome]
+
+    def as_dict(self) -> dict[str, Any]:
+        from edgetune.report import report_dict
+
+        return report_dict(self)
+
+
+def _versions(info: AgentInfo) -> dict[str, Any]:
+    import onnxruntime
+
+    return {"edgetune": edgetune.__version__, "agent": f"{info.agent} {info.agent_version}",
+            "device_runtimes": {k: v for k, v in sorted(info.runtimes.items()) if not isinstance(v, list)},
+            "host_reference": {"onnxruntime": onnxruntime.__version__}}
+
+
+def _run_id(model: Model, info: AgentInfo, points: list[dict[str, int]], cands: list[Candidate],
+            cfg: TuneConfig, user_inputs_key: str, versions: dict) -> str:
+    payload = {"model": model.sha256, "fp": info.fingerprint_key, "points": points,
+               "cands": sorted(c.key() for c in cands), "cfg": cfg.key_dict(), "inputs": user_inputs_key,
+               "versions": versions}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class DeviceTuner:
+    """Tunes one model on one device; owns that device's agent client."""
+
+    def __init__(self, spec: DeviceSpec, store: Store, cfg: TuneConfig, progress: ProgressFn | None = None,
+                 client: AgentClient | None = None):
+        self.spec = spec
+        self.store = store
+        self.cfg = cfg
+        self.progress = progress or (lambda ev: None)
+        self.client = client
+        self.overhead_ms: list[float] = []
+        self.jobs_run = 0
+        self.jobs_skipped = 0
+        self.cache_dir = edgetune_home() / "artifacts"
+
+    # ---- device access with bounded retries -------------------------------------------
+    def _with_retries(self, fn, what: str):
+        delay = 0.5
+        for attempt in range(self.cfg.retries + 1):
+            try:
+                if self.client is None:
+                    self.client = AgentClient(self.spec)
+                return fn()
+            except (HostKeyMismatch, AuthError):
+                raise
+            except DeviceError as exc:
+                if attempt == self.cfg.retries:
+                    raise DeviceError(f"{self.spec.name}: {what} failed after {self.cfg.retries + 1} tries: {exc}")
+                self.progress({"event": "retry", "device": self.spec.name, "what": what, "error": str(exc),
+                               "attempt": attempt + 1})
+                try:
+                    if self.client is not None:
+                        self.client.close()
+                except Exception:
+                    pass
+                self.client = None
+                time.sleep(delay)
+                delay *= 2
+
+    def info(self) -> AgentInfo:
+        return self._with_retries(lambda: self.client.provision(), "provisioning the agent")
+
+    # ---- candidates ---------------------------------------------------------------------
+    def candidates(self, model: Model, info: AgentInfo) -> list[tuple[Candidate, Any]]:
+        out: list[tuple[Candidate, Any]] = []
+        for name in self.cfg.spaces:
+            try:
+                space = load_space(name)
+            except (KeyError, ImportError):
+                continue
+            cands = space.candidates(model, info)
+            if self.cfg.max_candidates is not None and cands:
+                base = [c for c in cands if c.baseline]
+                rest = [c for c in cands if not c.baseline]
+                step = max(1, len(rest) // max(1, self.cfg.max_candidates))
+                cands = base + rest[::step][: self.cfg.max_candidates]
+            out.extend((c, space) for c in cands)
+        for cand, prepared in self.cfg.extra:
+            out.append((cand, prepared))
+        return out
+
+    # ---- one job -------------------------------------------------------------------------
+    def _job(self, wl: Workload, prep: Prepared, budget_ms: float) -> JobResult:
+        refs = wl.references()
+        specs = [{"name": n, "dtype": str(r.dtype), "shape": list(r.shape)} for n, r in zip(wl.output_names, refs[0])]
+        job = Job(backend=prep.backend, artifact=prep.artifact, params=prep.params, input_names=wl.input_names,
+                  input_sets=wl.input_sets, output_specs=specs, model=prep.model, budget_ms=budget_ms,
+                  warmup_ms=min(50.0, max(5.0, budget_ms / 5)), timeout_s=self.cfg.timeout_s + budget_ms / 1e3 * 3)
+        return self._with_retries(lambda: self.client.run_job(job), "running a job")
+
+    def _verify(self, wl: Workload, res: JobResult) -> Verdict:
+        if not res.ok:
+            return Verdict.failed(res.reason or res.status)
+        if not res.samples_ns:
+            return Verdict.failed("no timing samples returned")
+        sent = [array_sha256(a) for s in wl.input_sets for a in s]
+        return verify(wl.output_names, wl.references(), res.outputs, res.repeat_outputs, 0, sent,
+                      res.input_sha256_before, res.input_sha256_after)
+
+    # ---- one shape point -------------------------------------------------------------------
+    def tune_shape(self, run_id: str, model: Model, info: AgentInfo, wl: Workload, cands: list[tuple[Candidate, Any]],
+                   versions: dict, deadline: float) -> None:
+        existing = {(r.candidate_key, r.round): r for r in self.store.records(run_id=run_id)
+                    if r.shape_key == wl.shape_key}
+        prepared: dict[str, Prepared | str] = {}
+
+        def prep(cand: Candidate, space: Any) -> Prepared | str:
+            k = cand.key()
+            if k not in prepared:
+                if isinstance(space, Prepared):
+                    prepared[k] = space
+                else:
+                    try:
+                        prepared[k] = space.prepare(cand, wl, info, self.cache_dir)
+                    except BuildFailed as exc:
+                        prepared[k] = f"build failed: {exc}"
+            return prepared[k]
+
+        def run_one(cand: Candidate, space: Any, rnd: int, budget_ms: float) -> None:
+            key = cand.key()
+            if (key, rnd) in existing:
+                self.jobs_skipped += 1
+                self.progress({"event": "skip", "device": self.spec.name, "candidate": cand.label(), "round": rnd})
+                return
+            p = prep(cand, space)
+            t0 = time.perf_counter()
+            if isinstance(p, str):
+                res, verdict = JobResult("error", p), Verdict.failed(p)
+            else:
+                res = self._job(wl, p, budget_ms)
+                verdict = self._verify(wl, res)
+            wall = res.wall_ms or (time.perf_counter() - t0) * 1e3
+            if res.ok:
+                own = sum(res.samples_ns) / 1e6
+                self.overhead_ms.append(max(0.0, wall - own))
+            status = "verified" if verdict.ok else "failed"
+            rec = dict(run_id=run_id, workload_key=wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
+                       fingerprint_key=info.fingerprint_key, candidate=cand.as_dict(),
+                       versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
+                       reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state,
+                                                       "load_ms": res.load_ms},
+                       samples_ns=res.samples_ns if verdict.ok else res.samples_ns, wall_ms=wall,
+                       agent_ms=res.agent_ms)
+            self.store.add_record(**rec)
+            self.jobs_run += 1
+            existing[(key, rnd)] = None  # type: ignore[assignment]
+            med = float(np.median(res.samples_ns)) / 1e6 if res.samples_ns else None
+            self.progress({"event": "job", "device": self.spec.name, "shape": wl.shape_label,
+                           "candidate": cand.label(), "round": rnd, "status": status, "reason": verdict.reason,
+                           "median_ms": med})
+
+        def per_job_budget(n_jobs: int, share: float, lo: float, hi: float) -> float:
+            left_ms = max(0.0, (deadline - time.monotonic()) * 1e3 * share)
+            over = float(np.median(self.overhead_ms)) if self.overhead_ms else 400.0
+            return float(min(hi, max(lo, left_ms / max(1, n_jobs) - over)))
+
+        # round 0: screen everything
+        budget0 = per_job_budget(len(cands), 0.35, 20.0, 300.0)
+        for cand, space in cands:
+            run_one(cand, space, 0, budget0)
+
+        # finalists: verified baselines + fastest verified others (decided from stored round-0 records)
+        rows = [r for r in self.store.records(run_id=run_id) if r.shape_key == wl.shape_key and r.round == 0]
+        ok = {r.candidate_key: float(np.median(r.samples_ns)) for r in rows if r.status == "verified" and r.samples_ns.size}
+        by_key = {c.key(): (c, s) for c, s in cands}
+        base = [k for k in ok if k in by_key and by_key[k][0].baseline]
+        others = sorted((k for k in ok if k in by_key and not by_key[k][0].baseline), key=lambda k: ok[k])
+        finalists = base + others[: self.cfg.finalists]
+        for rnd in range(1, self.cfg.rounds + 1):
+            remaining_rounds = self.cfg.rounds - rnd + 1
+            budget = per_job_budget(len(finalists) * remaining_rounds, 1.0, 30.0, 2000.0)
+            shift = (rnd - 1) % max(1, len(finalists))
+            for k in finalists[shift:] + finalists[:shift]:
+                cand, space = by_key[k]
+                run_one(cand, space, rnd, budget)
+
+    # ---- whole run ------------------------------------------------------------------------
+    def tune(self, model: Model, points: list[dict[str, int]], user_inputs: Mapping[str, np.ndarray],
+             command: str = "") -> DeviceOutcome:
+        out = DeviceOutcome(self.spec.name, "down")
+        try:
+            info = self.info()
+            cands = self.candidates(model, info)
+            if not cands:
+                raise UserInputError(f"{self.spec.name}: no runtime on the device can run a {model.format} model "
+                                     f"(device has: {', '.join(k for k in info.runtimes if k != 'numpy') or 'none'})")
+            versions = _versions(info)
+            ui_key = hashlib.sha256(b"".join(a.tobytes() for a in user_inputs.values())).hexdigest()[:12]
+            run_id = _run_id(model, info, points, [c for c, _ in cands], self.cfg, ui_key, versions)
+            if self.cfg.fresh:
+                run_id = hashlib.sha256(f"{run_id}{time.time_ns()}".encode()).hexdigest()[:16]
+            existed = self.store.start_run(
+                run_id, str(model.path), model.sha256, self.spec.name, info.fingerprint_key,
+                {**info.fingerprint, "arch": info.arch}, versions,
+                {**self.cfg.key_dict(), "points": points, "command": command, "timeout_s": self.cfg.timeout_s})
+            out.run_id, out.resumed = run_id, existed
+            self.progress({"event": "start", "device": self.spec.name, "run_id": run_id, "resumed": existed,
+                           "candidates": len(cands), "points": len(points),
+                           "total_jobs": len(points) * (len(cands) + self.cfg.rounds * (self.cfg.finalists + 2))})
+            start = time.monotonic()
+            for i, bindings in enumerate(points):
+                wl = build_workload(model, bindings, user_inputs, seed=self.cfg.seed)
+                wl.references()  # fail early (shape that does not fit) before any device work
+                share_end = start + self.cfg.budget_s * (i + 1) / len(points)
+                self.tune_shape(run_id, model, info, wl, cands, versions, share_end)
+            out.summary = summarize_run(self.store, run_id)
+            self.store.finish_run(run_id, out.summary.as_dict())
+            out.status = "complete"
+        except (DeviceError, UserInputError) as exc:
+            if isinstance(exc, UserInputError) and not isinstance(exc, DeviceError):
+                raise
+            out.error = str(exc)
+            self.progress({"event": "down", "device": self.spec.name, "error": str(exc)})
+            if out.run_id:
+                try:
+                    out.summary = summarize_run(self.store, out.run_id)
+                except Exception:
+                    pass
+        finally:
+            out.jobs_run, out.jobs_skipped = self.jobs_run, self.jobs_skipped
+            if self.client is not None:
+                try:
+                    self.client.close()
+                except Exception:
+                    pass
+        return out
+
+
+def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, dims: Sequence[str] = (),
+         sweeps: Sequence[str] = (), inputs: Sequence[str] = (), db: str | os.PathLike | None = None,
+         config: TuneConfig | None = None, inventory: Inventory | None = None,
+         progress: ProgressFn | None = None, command: str = "") -> TuneOutcome:
+    """Tune MODEL on each device (in parallel). Bad input raises UserInputError before any device work."""
+    from edgetune.workload import load_user_inputs, parse_dims, parse_sweeps
+
+    cfg = config or TuneConfig()
+    if isinstance(devices, str):
+        devices = [devices]
+    model = load_model(model_path)
+    dim_values = parse_dims(dims, model)
+    sweep_values = parse_sweeps(sweeps, model)
+    user_inputs = load_user_inputs(inputs)
+    points = shape_points(model, dim_values, sweep_values)
+    for p in points:  # validate every shape point on the host before touching a device
+        build_workload(model, p, user_inputs, n_seeded=1, seed=cfg.seed).references()
+    inv = inventory or Inventory()
+    specs = [inv.get(d) for d in dict.fromkeys(devices)]
+    store = Store(db)
+    lock = threading.Lock()
+
+    def safe_progress(ev: dict[str, Any]) -> None:
+        if progress:
+            with lock:
+                progress(ev)
+
+    outcomes: list[DeviceOutcome | None] = [None] * len(specs)
+    errors: list[BaseException] = []
+
+    def work(i: int, spec: DeviceSpec) -> None:
+        try:
+            outcomes[i] = DeviceTuner(spec, store, cfg, safe_progress).tune(model, points, user_inputs, command)
+        except BaseException as exc:  # surfaced in the caller's thread
+            errors.append(exc)
+
+    try:
+        if len(specs) == 1:
+            work(0, specs[0])
+        else:
+            threads = [threading.Thread(target=work, args=(i, s), daemon=True) for i, s in enumerate(specs)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        if errors:
+            raise errors[0]
+    finally:
+        store.close()
+    return TuneOutcome(str(model.path), [o for o in outcomes if o is not None])

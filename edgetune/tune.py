@@ -281,6 +281,7 @@ class DeviceTuner:
                 share_end = start + self.cfg.budget_s * (i + 1) / len(points)
                 self.tune_shape(run_id, model, info, wl, cands, versions, share_end)
             out.summary = summarize_run(self.store, run_id)
+            out.summary.status = "complete"
             self.store.finish_run(run_id, out.summary.as_dict())
             out.status = "complete"
         except (DeviceError, UserInputError) as exc:
@@ -317,6 +318,13 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
     dim_values = parse_dims(dims, model)
     sweep_values = parse_sweeps(sweeps, model)
     user_inputs = load_user_inputs(inputs)
+    for spec in model.inputs:  # user data binds the dynamic dims it fixes, unless given explicitly
+        arr = user_inputs.get(spec.name)
+        if arr is None or arr.ndim != len(spec.dims):
+            continue
+        for d, n in zip(spec.dims, arr.shape):
+            if isinstance(d, str) and d not in dim_values and d not in sweep_values:
+                dim_values[d] = int(n)
     points = shape_points(model, dim_values, sweep_values)
     for p in points:  # validate every shape point on the host before touching a device
         build_workload(model, p, user_inputs, n_seeded=1, seed=cfg.seed).references()

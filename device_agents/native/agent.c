@@ -268,10 +268,11 @@ typedef struct {
   int n_sets, n_in, n_out;
   char (*sha_before)[65];
   char (*sha_after)[65];
-  int have_after;
+  int have_before, have_after;
   int outputs_written; /* sets whose outputs were written */
   int rep_written;
   sbuf versions;
+  sbuf details;
 } run_state;
 
 static void resolve(const char* jobdir, const char* p, char* out, size_t outlen) {
@@ -328,13 +329,15 @@ static int write_result(run_state* r) {
   sb_raw(&o, "],\"repeat_outputs\":[");
   for (int k = 0; r->rep_written && k < r->n_out; k++) sb_printf(&o, "%s\"rep_%d.npy\"", k ? "," : "", k);
   sb_raw(&o, "],\"input_sha256_before\":[");
-  for (int i = 0; r->sha_before && i < r->n_sets * r->n_in; i++) sb_printf(&o, "%s\"%s\"", i ? "," : "", r->sha_before[i]);
+  for (int i = 0; r->have_before && i < r->n_sets * r->n_in; i++) sb_printf(&o, "%s\"%s\"", i ? "," : "", r->sha_before[i]);
   sb_raw(&o, "],\"input_sha256_after\":[");
   for (int i = 0; r->have_after && i < r->n_sets * r->n_in; i++) sb_printf(&o, "%s\"%s\"", i ? "," : "", r->sha_after[i]);
   sb_raw(&o, "],\"device_state\":");
   device_state(&o);
   sb_raw(&o, ",\"runtime_versions\":{");
   if (r->versions.p) sb_raw(&o, r->versions.p);
+  sb_raw(&o, "},\"backend_info\":{");
+  if (r->details.p) sb_raw(&o, r->details.p);
   sb_raw(&o, "}}\n");
   if (o.oom) {
     sb_free(&o);
@@ -488,6 +491,7 @@ static int run_job(run_state* r) {
     }
   }
   hash_inputs(sets, r, r->sha_before);
+  r->have_before = 1;
 
   /* 4. every input set once, outputs poisoned before each run */
   for (int i = 0; i < r->n_sets; i++) {
@@ -557,6 +561,7 @@ static int run_job(run_state* r) {
 done:
   if (be && loaded) {
     if (be->versions) be->versions(be, &r->versions);
+    if (be->details) be->details(be, &r->details);
     be->unload(be);
   }
   for (int i = 0; sets && i < r->n_sets; i++) {
@@ -581,6 +586,7 @@ static int cmd_run(const char* jobdir, const char* dir) {
   run_state r;
   memset(&r, 0, sizeof r);
   sb_init(&r.versions);
+  sb_init(&r.details);
   snprintf(r.jobdir, sizeof r.jobdir, "%s", jobdir);
   snprintf(r.agent_dir, sizeof r.agent_dir, "%s", dir);
   run_job(&r);
@@ -589,6 +595,7 @@ static int cmd_run(const char* jobdir, const char* dir) {
   free(r.sha_before);
   free(r.sha_after);
   sb_free(&r.versions);
+  sb_free(&r.details);
   return wrc ? 1 : 0; /* a clean backend failure is still exit 0 */
 }
 

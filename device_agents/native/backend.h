@@ -29,6 +29,8 @@ struct backend {
   void (*unload)(backend* b);
   /* Writes `"name":"version"` pairs (comma-separated, no braces) for result.runtime_versions. */
   void (*versions)(backend* b, sbuf* out);
+  /* Writes `"key":value` pairs for result.backend_info (how it ran: threads, linked kernel, ...). */
+  void (*details)(backend* b, sbuf* out);
   void* state;
 };
 
@@ -43,6 +45,10 @@ const char* param_str(const jval* params, const char* key);
 int ort_find_library(const jval* params, const char* agent_dir, char* out, size_t outlen);
 /* Version string of the library at path ("1.20.1"), or NULL; loads it. */
 const char* ort_library_version(const char* path, char* buf, size_t buflen);
+
+/* The TVM backend's thread pool (TVMBackendParallelLaunch runs on it). */
+int et_pool_start(int nthreads, char* err, size_t errlen);
+void et_pool_stop(void);
 
 /* Number of online CPUs (>= 1). */
 int cpu_count(void);

@@ -33,6 +33,7 @@ enum {
   ORT_Run = 9,
   ORT_CreateSessionOptions = 10,
   ORT_SetSessionExecutionMode = 13,
+  ORT_SetSessionLogSeverityLevel = 22,
   ORT_SetSessionGraphOptimizationLevel = 23,
   ORT_SetIntraOpNumThreads = 24,
   ORT_SetInterOpNumThreads = 25,

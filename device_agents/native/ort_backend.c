@@ -1,6 +1,6 @@
 /* Backend "ort": whole ONNX models through the device's own libonnxruntime.so (C API, dlopen).
  *
- * params: ort_lib (path), intra_op_num_threads, inter_op_num_threads,
+ * params: ort_lib (path), intra_op_num_threads, inter_op_num_threads, log_severity_level (0-4),
  *         graph_optimization_level (0/1/2/99), execution_mode ("sequential"/"parallel" or 0/1).
  * Outputs are bound to agent-owned buffers, so the agent poisons them before every run. */
 #ifndef _GNU_SOURCE
@@ -122,13 +122,18 @@ static int ort_load(backend* b, const backend_config* cfg, char* err, size_t err
   if (!s->api) { snprintf(err, errlen, "onnxruntime %s offers no supported C API version", s->version); return -1; }
   const OrtApi* a = s->api;
 
-  if (check(s, ORT_FN(a, ORT_CreateEnv, OrtCreateEnvFn)(ORT_LOGGING_LEVEL_ERROR, "edgetune", &s->env),
+  long long v;
+  int log_level = ORT_LOGGING_LEVEL_ERROR; /* params.log_severity_level 0 (verbose) .. 4 (fatal) */
+  if (param_int(cfg->params, "log_severity_level", &v) == 0 && v >= 0 && v <= 4) log_level = (int)v;
+  if (check(s, ORT_FN(a, ORT_CreateEnv, OrtCreateEnvFn)(log_level, "edgetune", &s->env),
             "CreateEnv", err, errlen))
     return -1;
   if (check(s, ORT_FN(a, ORT_CreateSessionOptions, OrtCreateSessionOptionsFn)(&s->opts),
             "CreateSessionOptions", err, errlen))
     return -1;
-  long long v;
+  if (log_level != ORT_LOGGING_LEVEL_ERROR &&
+      check(s, ORT_FN(a, ORT_SetSessionLogSeverityLevel, OrtSetIntFn)(s->opts, log_level), "log_severity_level", err, errlen))
+    return -1;
   if (param_int(cfg->params, "intra_op_num_threads", &v) == 0 &&
       check(s, ORT_FN(a, ORT_SetIntraOpNumThreads, OrtSetIntFn)(s->opts, (int)v), "intra_op_num_threads", err, errlen))
     return -1;
@@ -248,6 +253,6 @@ static void ort_versions(backend* b, sbuf* out) {
 }
 
 backend* backend_ort(void) {
-  static backend b = {"ort", ort_load, ort_bind, ort_run, ort_unload, ort_versions, NULL};
+  static backend b = {"ort", ort_load, ort_bind, ort_run, ort_unload, ort_versions, NULL, NULL};
   return &b;
 }

@@ -105,7 +105,9 @@ int TVMFFIEnvModLookupFromImports(void* library_ctx, const char* func_name, void
   return -1;
 }
 
-/* ------------------------------------------------------------------ thread pool */
+/* ------------------------------------------------------------------ thread pool
+ * One pool per process (the agent runs one kernel); et_pool_start/et_pool_stop are also what
+ * pool_test.c drives. */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CPU_RELAX() __builtin_ia32_pause()
@@ -187,7 +189,7 @@ static void pool_wake(pool* p) {
   }
 }
 
-static int pool_create(int nthreads, char* err, size_t errlen) {
+int et_pool_start(int nthreads, char* err, size_t errlen) {
   pool* p = (pool*)calloc(1, sizeof(pool));
   if (!p) goto oom;
   p->nthreads = nthreads;
@@ -214,7 +216,7 @@ oom:
   return -1;
 }
 
-static void pool_destroy(void) {
+void et_pool_stop(void) {
   pool* p = g_pool;
   if (!p) return;
   atomic_store(&p->stop, 1);
@@ -348,8 +350,13 @@ static int tvm_load(backend* b, const backend_config* cfg, char* err, size_t err
     s->dl = dlopen(cfg->artifact, RTLD_NOW | RTLD_LOCAL);
     if (!s->dl) {
       const char* why = dlerror();
-      snprintf(err, errlen, "dlopen failed: %s%s", why ? why : "unknown error",
-               et_num_linked_kernels ? " (and no linked kernel has this sha256/entry)" : "");
+#ifdef ET_STATIC
+      const char* hint = " (a static agent runs only the kernels linked into it: no linked kernel has"
+                         " this sha256 and entry)";
+#else
+      const char* hint = "";
+#endif
+      snprintf(err, errlen, "dlopen failed: %s%s", why ? why : "unknown error", hint);
       return -1;
     }
     for (size_t i = 0; i < NSLOTS; i++) {
@@ -363,7 +370,7 @@ static int tvm_load(backend* b, const backend_config* cfg, char* err, size_t err
     }
   }
   s->nthreads = pick_threads(cfg->params);
-  if (pool_create(s->nthreads, err, errlen)) return -1;
+  if (et_pool_start(s->nthreads, err, errlen)) return -1;
   s->n_in = cfg->n_inputs;
   s->n_args = cfg->n_inputs + cfg->n_outputs;
   s->tensors = (DLTensor*)calloc((size_t)s->n_args + 1, sizeof(DLTensor));
@@ -426,7 +433,7 @@ static int tvm_run(backend* b, char* err, size_t errlen) {
 
 static void tvm_unload(backend* b) {
   tvm_state* s = (tvm_state*)b->state;
-  pool_destroy();
+  et_pool_stop();
   if (!s) return;
   /* the kernel .so stays mapped: unloading buys nothing in a one-shot process */
   free(s->tensors);
@@ -436,12 +443,16 @@ static void tvm_unload(backend* b) {
 }
 
 static void tvm_versions(backend* b, sbuf* out) {
+  (void)b;
+  sb_raw(out, "\"tvm-kernel\":\"1\"");
+}
+
+static void tvm_details(backend* b, sbuf* out) {
   tvm_state* s = (tvm_state*)b->state;
-  sb_printf(out, "\"tvm-kernel\":\"1\",\"tvm-kernel-threads\":\"%d\",\"tvm-kernel-linked\":\"%s\"",
-            s ? s->nthreads : 0, s && s->linked ? "yes" : "no");
+  sb_printf(out, "\"threads\":%d,\"linked\":%s", s ? s->nthreads : 0, s && s->linked ? "true" : "false");
 }
 
 backend* backend_tvm_kernel(void) {
-  static backend b = {"tvm-kernel", tvm_load, tvm_bind, tvm_run, tvm_unload, tvm_versions, NULL};
+  static backend b = {"tvm-kernel", tvm_load, tvm_bind, tvm_run, tvm_unload, tvm_versions, tvm_details, NULL};
   return &b;
 }

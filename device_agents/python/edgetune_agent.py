@@ -119,10 +119,15 @@ def runtimes():
             out["tflite_module"] = mod
         except Exception:
             pass
-    try:
-        import tvm
+    try:  # importing tvm takes ~1 s: look it up instead
+        import importlib.metadata
+        import importlib.util
 
-        out["tvm"] = tvm.__version__
+        if importlib.util.find_spec("tvm") is not None:
+            try:
+                out["tvm"] = importlib.metadata.version("apache-tvm")
+            except importlib.metadata.PackageNotFoundError:
+                out["tvm"] = "unknown"
     except Exception:
         pass
     return out

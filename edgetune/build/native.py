@@ -206,7 +206,7 @@ def build_agent(
         table = str(AGENT_SRC / EMPTY_TABLE)
         if linked:
             table, extra = _link_table(tc, linked, kernel_shas, work)
-        cmd = [tc.cc, *CFLAGS, f"-DET_AGENT_VERSION=\"{agent_version()}\"",
+        cmd = [tc.cc, *CFLAGS, f"-DET_AGENT_VERSION=\"{agent_version()}\"", *(["-DET_STATIC=1"] if static else []),
                *(str(AGENT_SRC / s) for s in SOURCES), table, *extra,
                "-o", str(work / AGENT_NAME), *flags]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -307,10 +307,9 @@ class SshTransport:
                 stdin: bytes | None) -> Completed:
         chan.fileno()  # from now on the channel's data and its closing wake select()
         chan.exec_command(command)
-        writer = None
         if stdin:
-            writer = threading.Thread(target=_feed_stdin, args=(chan, stdin), daemon=True)
-            writer.start()
+            # a thread, so a command that writes much before it reads cannot deadlock us
+            threading.Thread(target=_feed_stdin, args=(chan, stdin), daemon=True).start()
         else:
             chan.shutdown_write()
         t = chan.get_transport()

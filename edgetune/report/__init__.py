@@ -15,8 +15,12 @@ from edgetune.results import REPORT_SCHEMA, CandidateSummary, RunSummary
 def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
     runs: list[RunSummary]
     devices_down: list[dict[str, str]] = []
+    devices: list[dict[str, Any]] = []
     if hasattr(outcome_or_runs, "devices"):
         runs = [d.summary for d in outcome_or_runs.devices if d.summary is not None]
+        devices = [{"device": d.device, "status": d.status, "error": d.error, "run_id": d.run_id,
+                    "resumed": d.resumed, "jobs_run": d.jobs_run, "jobs_skipped": d.jobs_skipped}
+                   for d in outcome_or_runs.devices]
         devices_down = [{"device": d.device, "error": d.error} for d in outcome_or_runs.devices if d.status != "complete"]
     else:
         runs = list(outcome_or_runs)
@@ -24,6 +28,7 @@ def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
         "schema": REPORT_SCHEMA,
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": [r.as_dict() for r in runs],
+        "devices": devices,
         "devices_down": devices_down,
         "comparison": compare_devices(runs),
     }

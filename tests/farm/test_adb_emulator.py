@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from edgetune.errors import AuthError
+from edgetune.errors import AuthError, DeviceUnreachable
 from tests.farm.adb_fixtures import adb_transport_for
 
 
@@ -120,7 +120,7 @@ def test_sigterm_stops_cleanly_and_kills_commands(adb_farm):
             pytest.fail("the phone's command survived the emulator")
         assert "stopped" in open(phone.log).read()
         assert runner.wait(timeout=10) is not None  # the adb client saw its stream end
-        with pytest.raises(Exception):
+        with pytest.raises(DeviceUnreachable):  # the phone is gone: one clear error, no hang
             t.run(["true"], timeout=5)
     finally:
         if runner.poll() is None:

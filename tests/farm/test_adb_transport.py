@@ -209,3 +209,16 @@ def test_concurrent_commands(adb_transport):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_command_that_closes_its_output_still_times_out(adb_transport):
+    t0 = time.monotonic()
+    r = adb_transport.run(["sh", "-c", "echo early; exec >&- 2>&-; sleep 100"], timeout=1.5)
+    assert r.timed_out and r.stdout == b"early\n" and time.monotonic() - t0 < 6
+
+
+def test_unread_stdin_does_not_hang(adb_transport):
+    for data in (b"x" * 1000, os.urandom(4 * 1024 * 1024)):
+        t0 = time.monotonic()
+        r = adb_transport.run(["sh", "-c", "echo done"], timeout=20, stdin=data)
+        assert r.ok and r.stdout == b"done\n" and time.monotonic() - t0 < 10

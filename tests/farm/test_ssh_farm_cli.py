@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -53,4 +52,3 @@ def test_cli_start_stop(ssh_farm_module, tmp_path):
     assert not any(_alive(p) for p in [info["pid"], *sessions])
     assert not (state / "farm.pid").exists()
     t.close()
-    os.sync()

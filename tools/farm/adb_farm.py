@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EMULATOR = os.path.join(HERE, "adbd_emu.py")
-sys.path.insert(0, HERE) if HERE not in sys.path else None
-import adbd_emu  # noqa: E402
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+import adbd_emu  # noqa: E402,F401  (re-exported: tests use adb_farm.adbd_emu)
 from adbd_emu import android_pubkey_encode  # noqa: E402
 
 # the adb server probes localhost:5555..5585 for emulators at start: never give a phone those
@@ -122,9 +123,8 @@ class AdbFarm:
         return os.path.join(self.base, "home")
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("ANDROID_", "ADB_")) or k == "ANDROID_ADB_SERVER_ADDRESS"}
-        env.pop("ANDROID_ADB_SERVER_ADDRESS", None)
+        # nothing of the caller's adb set-up leaks in (keys, server address, user home)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANDROID_", "ADB_"))}
         env.update(HOME=self.home, TMPDIR=os.path.join(self.base, "tmp"), ADB_VENDOR_KEYS=self.key_path,
                    ANDROID_ADB_SERVER_PORT=str(self.adb_port), ADB_MDNS="0", ADB_MDNS_OPENSCREEN="0",
                    ADB_LIBUSB="0")

@@ -48,7 +48,6 @@ import base64
 import ctypes
 import errno
 import fcntl
-import glob
 import os
 import pty
 import queue
@@ -62,7 +61,6 @@ import subprocess
 import sys
 import termios
 import threading
-import time
 import traceback
 
 # ---------------------------------------------------------------------------------------------
@@ -101,7 +99,7 @@ TOOLS = [
     "mv", "cp", "ln", "test", "[", "echo", "printf", "stat", "head", "tail", "kill", "sleep",
     "timeout", "nproc", "true", "false", "touch", "wc", "id", "env", "date", "dd", "df", "du",
     "tr", "cut", "sort", "uniq", "grep", "sed", "tee", "xargs", "find", "readlink", "realpath",
-    "basename", "dirname", "pwd", "seq", "od", "cmp", "sync", "ps", "getconf", "yes", "mktemp",
+    "basename", "dirname", "pwd", "seq", "od", "cmp", "sync", "ps", "getconf", "yes", "mktemp", "tty",
 ]
 EXTRA_LIBS = ["libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libdl.so.2", "libpthread.so.0",
               "librt.so.1", "libresolv.so.2"]
@@ -704,7 +702,8 @@ class Emulator:
                 opts = head.split(",")[1:]
                 v2 = "v2" in opts
                 use_pty = "pty" in opts or ("raw" not in opts and cmd == "")
-                self.serve_shell(stream, cmd, v2=v2, use_pty=use_pty)
+                term = next((o[5:] for o in opts if o.startswith("TERM=")), None)
+                self.serve_shell(stream, cmd, v2=v2, use_pty=use_pty, term=term)
             elif service.startswith("exec:"):
                 self.serve_shell(stream, service[5:], v2=False, use_pty=False, exec_mode=True)
             elif service.startswith("sync:"):
@@ -718,21 +717,24 @@ class Emulator:
             stream.close()
 
     # -- shell
-    def _spawn(self, cmd: str, use_pty: bool, merge: bool):
+    def _spawn(self, cmd: str, use_pty: bool, merge: bool, term: str | None = None):
         sb = self.sandbox
+        env = sb.env()
+        if term and use_pty:
+            env["TERM"] = term
         argv = ["/system/bin/sh", "-c", cmd] if cmd else ["/system/bin/sh"]
         argv = [a.encode("utf-8", "surrogateescape") for a in argv]
         if use_pty:
             master, slave = pty.openpty()
             try:
-                proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=sb.env(),
+                proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
                                         start_new_session=True, preexec_fn=sb.preexec(True))
             finally:
                 os.close(slave)
             return proc, master
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT if merge else subprocess.PIPE,
-                                env=sb.env(), start_new_session=True, preexec_fn=sb.preexec(False))
+                                env=env, start_new_session=True, preexec_fn=sb.preexec(False))
         return proc, None
 
     def _kill(self, proc: subprocess.Popen) -> None:
@@ -744,9 +746,10 @@ class Emulator:
                 except OSError:
                     pass
 
-    def serve_shell(self, stream: Stream, cmd: str, v2: bool, use_pty: bool, exec_mode: bool = False) -> None:
+    def serve_shell(self, stream: Stream, cmd: str, v2: bool, use_pty: bool, exec_mode: bool = False,
+                    term: str | None = None) -> None:
         try:
-            proc, master = self._spawn(cmd, use_pty, merge=not v2)
+            proc, master = self._spawn(cmd, use_pty, merge=not v2, term=term)
         except OSError as exc:
             log(f"cannot start shell: {exc}")
             stream.close()
@@ -831,8 +834,6 @@ class Emulator:
         rc = proc.wait()
         with self.procs_lock:
             self.procs.discard(proc)
-        if master is not None:
-            os.close(master)
         for f in (proc.stdout, proc.stderr):
             if f:
                 f.close()
@@ -843,6 +844,13 @@ class Emulator:
         except StreamClosed:
             pass
         stream.close()
+        # the feeder writes to stdin_fd by number: only close it once the feeder is done with it
+        feeder.join(timeout=10)
+        if feeder.is_alive():
+            log("stdin feeder stuck; leaking its descriptor rather than risking a reused fd")
+            return
+        if master is not None:
+            os.close(master)
         if proc.stdin:
             try:
                 proc.stdin.close()

@@ -409,25 +409,32 @@ def descendants(pid: int) -> list[int]:
 
 
 def _kill_tree(pid: int, timeout: float = 5.0) -> None:
-    """Stop the listener, then everything it left running (sessions outlive a stopped sshd)."""
-    tree = descendants(pid)
-    for p in [pid, *tree]:
+    """Stop everything the listener left running (sessions outlive a stopped sshd), then it.
+
+    Sessions go first so that their parent, still alive, reaps them (no zombies left to init).
+    """
+    _signal_and_wait(descendants(pid), timeout / 2)
+    _signal_and_wait([pid, *descendants(pid)], timeout / 2)
+
+
+def _signal_and_wait(pids: list[int], timeout: float) -> None:
+    for p in pids:
         try:
             os.kill(p, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + timeout
-    alive = [pid, *tree]
+    alive = list(pids)
     while alive and time.monotonic() < deadline:
         for p in list(alive):
             try:
-                os.waitpid(p, os.WNOHANG)
+                os.waitpid(p, os.WNOHANG)  # reaps it when it is our own child
             except ChildProcessError:
                 pass
             if not _alive(p):
                 alive.remove(p)
         if alive:
-            time.sleep(0.05)
+            time.sleep(0.02)
     for p in alive:
         try:
             os.kill(p, signal.SIGKILL)

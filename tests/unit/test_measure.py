@@ -1,0 +1,63 @@
+import numpy as np
+import pytest
+
+from edgetune.measure import grouped_speedup, iterations_for_budget, speedup, summarize
+
+
+def test_iterations_from_budget():
+    assert iterations_for_budget(100, 1e6) == 100  # 100 ms at 1 ms each
+    assert iterations_for_budget(100, 1e9, min_iters=3) == 3
+    assert iterations_for_budget(1e6, 1, max_iters=50) == 50
+    assert iterations_for_budget(100, 0) == 3
+
+
+def test_summary_statistics():
+    rng = np.random.default_rng(1)
+    x = rng.normal(1e6, 1e4, 2001)
+    s = summarize(x)
+    assert s.n == 2001
+    assert s.median_ns == pytest.approx(np.median(x))
+    assert s.p10_ns < s.median_ns < s.p90_ns
+    assert s.ci_low_ns <= s.median_ns <= s.ci_high_ns
+    assert 0.005 < s.cv < 0.02
+    # CI of the median shrinks with more samples
+    assert (summarize(x[:100]).ci_high_ns - summarize(x[:100]).ci_low_ns) > (s.ci_high_ns - s.ci_low_ns)
+
+
+def test_summary_rejects_bad_samples():
+    with pytest.raises(ValueError):
+        summarize([])
+    with pytest.raises(ValueError):
+        summarize([1.0, float("nan")])
+
+
+def test_speedup_claims_only_when_ci_above_one():
+    rng = np.random.default_rng(2)
+    base = rng.normal(2e6, 2e4, 500)
+    fast = rng.normal(1e6, 1e4, 500)
+    r = speedup(base, fast)
+    assert r.value == pytest.approx(2.0, rel=0.02)
+    assert r.ci_low > 1.0 and r.verdict == "faster"
+    same = speedup(base, rng.normal(2e6, 2e4, 500))
+    assert same.ci_low < 1.0 < same.ci_high
+    assert same.verdict == "no significant difference"
+    assert speedup(fast, base).verdict == "slower"
+
+
+def test_grouped_speedup_widens_ci_when_rounds_disagree():
+    rng = np.random.default_rng(3)
+    # per-round drift that hits both: the ratio stays ~1.5 and the grouped CI says so
+    pairs = []
+    for level in (1.0, 1.3, 0.8, 1.1):
+        pairs.append((rng.normal(1.5e6 * level, 1e4, 300), rng.normal(1e6 * level, 1e4, 300)))
+    r = grouped_speedup(pairs, resamples=300)
+    assert r.ci_low > 1.0 and 1.35 < r.value < 1.65
+    # rounds where the candidate's advantage flips: no claim, whatever the sample count
+    flip = [(rng.normal(1e6, 1e3, 400), rng.normal(0.7e6, 1e3, 400)),
+            (rng.normal(1e6, 1e3, 400), rng.normal(1.4e6, 1e3, 400)),
+            (rng.normal(1e6, 1e3, 400), rng.normal(0.75e6, 1e3, 400)),
+            (rng.normal(1e6, 1e3, 400), rng.normal(1.35e6, 1e3, 400))]
+    pooled = speedup(np.concatenate([b for b, _ in flip]), np.concatenate([c for _, c in flip]))
+    grouped = grouped_speedup(flip, resamples=300)
+    assert grouped.ci_high - grouped.ci_low > pooled.ci_high - pooled.ci_low
+    assert grouped.verdict == "no significant difference"

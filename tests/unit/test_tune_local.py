@@ -1,0 +1,113 @@
+"""The whole loop on the local device: real agent processes, real onnxruntime, real SQLite."""
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from edgetune.db import Store
+from edgetune.errors import UserInputError
+from edgetune.report import markdown, report_dict
+from edgetune.space.adapter import adapter_candidate
+from edgetune.tune import TuneConfig, tune
+
+
+def _cfg(**kw):
+    base = dict(budget_s=1.5, rounds=1, finalists=2, timeout_s=8, spaces=("ort",), max_candidates=2)
+    base.update(kw)
+    return TuneConfig(**base)
+
+
+def test_bad_candidates_are_rejected_and_never_selected(tiny_model, adapters, tmp_path):
+    names = ["correct", "wrong", "crash", "hang", "mutate", "constant", "noisy"]
+    extra = [adapter_candidate(str(adapters / f"{n}.py")) for n in names]
+    out = tune(tiny_model, ["local"], db=tmp_path / "t.db", config=_cfg(extra=extra))
+    dev = out.devices[0]
+    assert dev.status == "complete", dev.error
+    shape = dev.summary.shapes[0]
+    by_name = {c.candidate.param_dict.get("name"): c for c in shape.candidates if c.candidate.backend == "adapter"}
+    assert by_name["correct"].status == "verified"
+    expect = {"wrong": "tolerance", "crash": "SIGSEGV", "hang": "hung", "mutate": "modified its inputs",
+              "constant": "input set 1", "noisy": "non-deterministic"}
+    for name, needle in expect.items():
+        c = by_name[name]
+        assert c.status == "failed", name
+        assert needle in c.reason, (name, c.reason)
+    wrong = by_name["wrong"]
+    assert wrong.max_rel_err is not None and wrong.max_rel_err > 1e-4  # error reported even when failed
+    best = shape.best
+    assert best is not None and best.status == "verified"
+    assert best.candidate.param_dict.get("name") not in expect
+    # every verified candidate carries its error figures and a speedup with CI vs the default
+    for c in shape.candidates:
+        if c.status == "verified":
+            assert c.max_rel_err is not None and c.max_rel_err <= 1e-4
+            assert c.vs_default is not None and c.vs_default.ci_low <= c.vs_default.value <= c.vs_default.ci_high
+    # the failures are stored, with reasons, in the database
+    store = Store(tmp_path / "t.db")
+    failed = [r for r in store.records() if r.status == "failed"]
+    assert {json.loads(json.dumps(r.candidate))["params"].get("name") for r in failed} >= set(expect)
+    store.close()
+
+
+def test_sweep_tunes_each_shape(tiny_model, tmp_path):
+    out = tune(tiny_model, ["local"], sweeps=["batch=1,4"], db=tmp_path / "t.db", config=_cfg())
+    shapes = out.devices[0].summary.shapes
+    assert sorted(s.shape["batch"] for s in shapes) == [1, 4]
+    for s in shapes:
+        assert s.default_key is not None and s.best_key is not None
+        default = s.get(s.default_key)
+        assert default.candidate.baseline and default.stats.n >= 3
+    rep = report_dict(out)
+    assert rep["schema"] == "edgetune.report/1"
+    run = rep["runs"][0]
+    assert run["fingerprint"]["cores"] >= 1 and run["versions"]["device_runtimes"]["onnxruntime"]
+    md = markdown(rep)
+    assert "batch=1" in md and "batch=4" in md and "speedup vs default" in md
+
+
+def test_identical_rerun_reuses_records(tiny_model, tmp_path):
+    db = tmp_path / "t.db"
+    first = tune(tiny_model, ["local"], db=db, config=_cfg())
+    second = tune(tiny_model, ["local"], db=db, config=_cfg())
+    assert first.devices[0].run_id == second.devices[0].run_id
+    assert second.devices[0].resumed and second.devices[0].jobs_run == 0
+    assert second.devices[0].jobs_skipped == first.devices[0].jobs_run
+    fresh = tune(tiny_model, ["local"], db=db, config=_cfg(fresh=True))
+    assert fresh.devices[0].run_id != first.devices[0].run_id and fresh.devices[0].jobs_run > 0
+
+
+def test_user_inputs_are_verified_too(tiny_model, tmp_path):
+    x = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32) * 100
+    np.save(tmp_path / "x.npy", x)
+    out = tune(tiny_model, ["local"], inputs=[f"x={tmp_path / 'x.npy'}"], db=tmp_path / "t.db", config=_cfg())
+    dev = out.devices[0]
+    assert dev.status == "complete" and dev.summary.shapes[0].shape == {"batch": 2}
+    assert dev.summary.shapes[0].best is not None
+    with pytest.raises(UserInputError, match="shape"):
+        np.save(tmp_path / "bad.npy", np.zeros((2, 15), np.float32))
+        tune(tiny_model, ["local"], inputs=[f"x={tmp_path / 'bad.npy'}"], dims=["batch=2"], db=tmp_path / "t.db",
+             config=_cfg())
+
+
+def test_bad_sweep_and_dims(tiny_model, tmp_path):
+    with pytest.raises(UserInputError, match="not a dynamic dimension"):
+        tune(tiny_model, ["local"], sweeps=["seq=32"], db=tmp_path / "t.db", config=_cfg())
+    with pytest.raises(UserInputError, match="positive integers"):
+        tune(tiny_model, ["local"], sweeps=["batch=0,2"], db=tmp_path / "t.db", config=_cfg())
+    with pytest.raises(UserInputError, match="unknown device"):
+        tune(tiny_model, ["nope"], db=tmp_path / "t.db", config=_cfg())
+    assert not (tmp_path / "t.db").exists()  # nothing written for bad input
+
+
+def test_database_survives_and_is_consistent(tiny_model, tmp_path):
+    db = tmp_path / "t.db"
+    tune(tiny_model, ["local"], db=db, config=_cfg())
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    rows = con.execute("SELECT samples, status FROM records").fetchall()
+    assert rows and all(len(s) % 8 == 0 for s, _ in rows)
+    assert all(len(s) >= 8 * 3 for s, st in rows if st == "verified")  # every raw sample kept
+    con.close()

@@ -87,9 +87,9 @@ def _versions(info: AgentInfo) -> dict[str, Any]:
             "host_reference": {"onnxruntime": onnxruntime.__version__}}
 
 
-def _run_id(model: Model, info: AgentInfo, points: list[dict[str, int]], cands: list[Candidate],
+def _run_id(device: str, model: Model, info: AgentInfo, points: list[dict[str, int]], cands: list[Candidate],
             cfg: TuneConfig, user_inputs_key: str, versions: dict) -> str:
-    payload = {"model": model.sha256, "fp": info.fingerprint_key, "points": points,
+    payload = {"device": device, "model": model.sha256, "fp": info.fingerprint_key, "points": points,
                "cands": sorted(c.key() for c in cands), "cfg": cfg.key_dict(), "inputs": user_inputs_key,
                "versions": versions}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -263,7 +263,7 @@ class DeviceTuner:
                                      f"(device has: {', '.join(k for k in info.runtimes if k != 'numpy') or 'none'})")
             versions = _versions(info)
             ui_key = hashlib.sha256(b"".join(a.tobytes() for a in user_inputs.values())).hexdigest()[:12]
-            run_id = _run_id(model, info, points, [c for c, _ in cands], self.cfg, ui_key, versions)
+            run_id = _run_id(self.spec.name, model, info, points, [c for c, _ in cands], self.cfg, ui_key, versions)
             if self.cfg.fresh:
                 run_id = hashlib.sha256(f"{run_id}{time.time_ns()}".encode()).hexdigest()[:16]
             existed = self.store.start_run(

@@ -112,6 +112,7 @@ class AgentClient:
         self._agent_argv: list[str] | None = None
         self._pushed: set[str] = set()
         self._lock = threading.Lock()
+        self._native = False
 
     # ------------------------------------------------------------------------ provisioning
     def _run(self, argv: Sequence[str], timeout: float = 60.0) -> Completed:
@@ -187,15 +188,43 @@ class AgentClient:
         triple = {"x86_64": None, "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}.get(arch, "unsupported")
         if triple == "unsupported":
             raise DeviceError(f"{self.spec.name}: no native agent for architecture {arch}")
-        static = self.spec.kind == "adb" or bool(self.spec.options.get("static"))
+        # static agents cannot dlopen kernels or libonnxruntime: only on request (kernel-only phones)
+        static = bool(self.spec.options.get("static"))
         binary = Path(build_agent(triple, static=static))
         remote = f"{self.workdir}/agent/edgetune-agent"
         version = sha256_file(binary)
+        ort_lib = self._ort_library_for(arch)
+        if ort_lib is not None:
+            version += "+" + sha256_file(ort_lib)[:16]
         vfile = f"{self.workdir}/agent/AGENT_VERSION.native"
         if self._installed_version(vfile) != version:
             self._push_verified(binary, remote, mode="755")
+            if ort_lib is not None:  # the agent finds it next to itself
+                self._push_verified(ort_lib, f"{self.workdir}/agent/libonnxruntime.so")
             self._write_remote_text(vfile, version)
+        self._native = True
         return [remote]
+
+    def _ort_library_for(self, arch: str) -> Path | None:
+        """The libonnxruntime.so to give the native agent: the device option ``ort_lib`` (a library built
+        for the device, e.g. from the onnxruntime wheel or Android package of its arch), else the host
+        wheel's own library when the device has the host's architecture."""
+        if self.spec.options.get("ort_lib"):
+            p = Path(self.spec.options["ort_lib"]).expanduser()
+            if not p.is_file():
+                raise DeviceError(f"{self.spec.name}: ort_lib {p} not found")
+            return p
+        import platform
+
+        if arch != platform.machine():
+            return None
+        try:
+            import onnxruntime
+        except ImportError:
+            return None
+        capi = Path(onnxruntime.__file__).parent / "capi"
+        libs = sorted(capi.glob("libonnxruntime.so*"))
+        return libs[0] if libs else None
 
     def _write_remote_text(self, remote: str, text: str) -> None:
         with tempfile.NamedTemporaryFile("w", delete=False, suffix=".txt") as f:
@@ -258,7 +287,7 @@ class AgentClient:
                 inputs = self._ensure_inputs(job.input_sets, tmp)
                 request = {
                     "protocol": PROTOCOL, "backend": job.backend, "artifact": artifact,
-                    "artifact_sha256": digest, "params": job.params, "input_names": job.input_names,
+                    "artifact_sha256": digest, "params": self._agent_params(job.backend, job.params), "input_names": job.input_names,
                     "inputs": inputs, "outputs": job.output_specs, "timing_set": job.timing_set,
                     "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
                     "max_iters": job.max_iters,
@@ -281,6 +310,23 @@ class AgentClient:
                     self._run(["rm", "-rf", jobdir], timeout=30)
                 except DeviceError:
                     pass
+
+    _NATIVE_OPT_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
+
+    def _agent_params(self, backend: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Candidates use one vocabulary; the native agent takes onnxruntime's C API values."""
+        if not self._native or backend != "ort":
+            return params
+        out = {}
+        for k, v in params.items():
+            if k == "graph_optimization_level":
+                out[k] = self._NATIVE_OPT_LEVELS[v]
+            elif k == "execution_provider":
+                if v != "CPUExecutionProvider":
+                    raise DeviceError(f"{self.spec.name}: the native agent runs onnxruntime's CPU provider only")
+            else:
+                out[k] = v
+        return out
 
     def _collect(self, c: Completed, jobdir: str, tmp: Path, job: Job) -> JobResult:
         stderr_tail = c.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
@@ -319,7 +365,9 @@ class AgentClient:
             try:
                 self.transport.pull(f"{jobdir}/{name}", str(dst))
                 return np.load(dst, allow_pickle=False)
-            except (OSError, ValueError):
+            except DeviceUnreachable:
+                raise
+            except (DeviceError, OSError, ValueError):
                 return None
 
         res.outputs = [[fetch(n) for n in row] for row in data.get("outputs", [])]

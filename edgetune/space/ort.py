@@ -38,15 +38,18 @@ class OrtSpace:
         providers = [p for p in info.runtimes.get("onnxruntime_providers", ["CPUExecutionProvider"])
                      if p not in NOT_FOR_INFERENCE] or ["CPUExecutionProvider"]
         cores = int(info.fingerprint.get("cores") or 1)
+        # the native agent (C API) sets no session config entries: no spinning dimension there
+        spins = (1, 0) if info.agent == "python" else (None,)
         out = [Candidate.make("ort", {}, baseline=True)]
         for ep in providers:
             for threads in thread_counts(cores):
                 for opt in OPT_LEVELS:
                     for mode in ("sequential", "parallel"):
-                        for spin in (1, 0):
+                        for spin in spins:
                             params = {"execution_provider": ep, "intra_op_num_threads": threads,
-                                      "graph_optimization_level": opt, "execution_mode": mode,
-                                      "session.intra_op.allow_spinning": spin}
+                                      "graph_optimization_level": opt, "execution_mode": mode}
+                            if spin is not None:
+                                params["session.intra_op.allow_spinning"] = spin
                             if mode == "parallel":
                                 params["inter_op_num_threads"] = min(2, cores)
                             out.append(Candidate.make("ort", params))

@@ -1,0 +1,32 @@
+# The two commands of the README. Both do all set-up (apt packages, virtualenv) first.
+SHELL := /bin/bash
+PY := .venv/bin/python
+DEMO_BUDGET ?= 60
+
+.PHONY: setup demo test test-unit test-farm bench clean
+
+setup:
+	@bash tools/setup.sh
+
+## make demo: tune the bundled conv net and transformer on this machine, print tables, write reports to out/
+demo: setup
+	@mkdir -p out
+	EDGETUNE_HOME=$(CURDIR)/out/home .venv/bin/edgetune tune mobilenet --budget $(DEMO_BUDGET) --sweep batch=1,16 --report-dir out/mobilenet
+	EDGETUNE_HOME=$(CURDIR)/out/home .venv/bin/edgetune tune transformer --budget $(DEMO_BUDGET) --sweep seq=32,128 --report-dir out/transformer
+	@echo "reports: out/mobilenet/report.md out/transformer/report.md"
+
+## make test: the whole suite, farm included (sshd, qemu board, adb server + phone emulator on 127.0.0.1)
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-farm: setup
+	$(PY) -m pytest -q tests/farm
+
+bench: setup
+	$(PY) tools/bench/bench_runtime.py
+
+clean:
+	rm -rf out build .pytest_cache

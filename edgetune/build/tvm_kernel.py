@@ -16,7 +16,9 @@ so they are module-level and picklable.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import os
 import platform
 import shutil
@@ -104,12 +106,64 @@ def default_schedule(mod, target):
         )(mod)
 
 
-def compile_module(mod, target):
-    """IRModule of PrimFuncs -> runtime module (TVM's tirx build; what MetaSchedule builds with)."""
-    tvm = _tvm()
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+@contextlib.contextmanager
+def _memoized_getmodule():
+    """Make ``inspect.getmodule`` cache by file name while TVMScript parses many functions.
 
-    return default_build(mod, as_tvm_target(target), None)
+    The TVMScript decorators call ``inspect.stack()``, whose ``getmodule`` scans all of
+    ``sys.modules`` for every frame in a file it cannot map (importlib's frozen frames): importing
+    ``tvm.s_tir.tensor_intrin`` (~250 intrinsics) takes 20-60 s that way and ~3 s with the cache.
+    """
+    original = inspect.getmodule
+    cache: dict[str, Any] = {}
+
+    def getmodule(obj, _filename=None):
+        fname = _filename
+        if fname is None:
+            code = getattr(obj, "f_code", None) or getattr(obj, "__code__", None)
+            if code is None and inspect.iscode(obj):
+                code = obj
+            fname = getattr(code, "co_filename", None)
+        if fname is None:
+            return original(obj, _filename)
+        if fname not in cache:
+            cache[fname] = original(obj, _filename)
+        return cache[fname]
+
+    inspect.getmodule = getmodule
+    try:
+        yield
+    finally:
+        inspect.getmodule = original
+
+
+def import_tensor_intrinsics() -> None:
+    """Import (register) TVM's tensor intrinsics, fast. MetaSchedule's TuneContext imports them
+    on first use; doing it here first turns that import into a no-op."""
+    import sys
+
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    with _memoized_getmodule():
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+
+
+def compile_module(mod, target):
+    """IRModule of PrimFuncs -> runtime module: MetaSchedule's default build, minus its slow
+    tensor-intrinsic import on CPU targets (scheduled TIR no longer names the intrinsics)."""
+    tvm = _tvm()
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    tgt = as_tvm_target(target)
+    if tgt.kind.name != "llvm":
+        import_tensor_intrinsics()
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.compile(mod, target=tgt)
+
+
+def ms_build(mod, target, _params=None):
+    """MetaSchedule f_build (runs in builder worker processes)."""
+    return compile_module(mod, target)
 
 
 def export_module(rt_mod, path: str | os.PathLike, cross_cc: str | None = None) -> Path:

@@ -450,6 +450,21 @@ def workload_records(db, mod) -> list:
     return [r for r in db.get_all_tuning_records() if tvm_ffi.structural_equal(r.workload.mod, mod)]
 
 
+def search_strategy(trials: int):
+    """MetaSchedule's evolutionary search, scaled down for small trial budgets.
+
+    The defaults (population 512, 4 genetic iterations, 50 random unmeasured seeds) cost tens of
+    seconds of cost-model work per batch, which only pays off for hundreds of trials.
+    """
+    from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
+
+    if trials >= 256:
+        return EvolutionarySearch()
+    population = max(64, min(512, 8 * trials))
+    return EvolutionarySearch(population_size=population, init_min_unmeasured=min(50, population // 2),
+                              genetic_num_iters=2 if trials < 64 else 3)
+
+
 @dataclass(frozen=True)
 class TuneOutcome:
     """Result of tuning one workload on one device.
@@ -510,6 +525,7 @@ def tune_workload(
     verify_seed: int = 1,
     rtol: float = 1e-4,
     num_trials_per_iter: int = 64,
+    strategy=None,
     builder_workers: int | None = None,
     build_timeout_s: float = 60.0,
 ) -> TuneOutcome:
@@ -529,33 +545,38 @@ def tune_workload(
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from edgetune.build.tvm_kernel import as_tvm_target, compile_module, export_module, ms_export_function, resolve_cross_cc
+    from edgetune.build.tvm_kernel import (
+        as_tvm_target, compile_module, export_module, import_tensor_intrinsics, ms_build, ms_export_function,
+        resolve_cross_cc,
+    )
 
     if trials < 0:
         raise UserInputError(f"trials must be >= 0, got {trials}")
     tgt = as_tvm_target(target)
     cc_name = resolve_cross_cc(tgt, cross_cc)
-    own_measure = measure is None
-    if own_measure:
-        measure = default_measure(tgt)
+    import_tensor_intrinsics()
     root = Path(db_dir) if db_dir is not None else Path(tempfile.mkdtemp(prefix="edgetune-msdb-"))
     db_path = database_dir(root, fingerprint, tgt)
     db = open_database(db_path)
     mod = workload.ir_module()
     reused = len(workload_records(db, mod))
     remaining = max(0, trials - reused)
-    runner = EdgetuneRunner(measure, workload, seed=seed, rtol=rtol, progress_cb=progress_cb)
+    own_measure = measure is None
+    if own_measure:
+        measure = default_measure(tgt)
     t0 = time.perf_counter()
     try:
+        runner = EdgetuneRunner(measure, workload, seed=seed, rtol=rtol, progress_cb=progress_cb)
         if remaining > 0:
             builder = ms.builder.LocalBuilder(
                 max_workers=builder_workers or _num_cores(tgt), timeout_sec=build_timeout_s,
-                f_export=ms_export_function(cc_name),
+                f_build=ms_build, f_export=ms_export_function(cc_name),
             )
             ms.tune_tir(
                 mod, tgt, str(db_path / "logs"), max_trials_global=remaining,
                 num_trials_per_iter=max(1, min(num_trials_per_iter, remaining)),
                 builder=builder, runner=runner, database=db, seed=seed,
+                strategy=strategy if strategy is not None else search_strategy(remaining),
                 num_tuning_cores=builder_workers or _num_cores(tgt),
             )
         tuning_seconds = time.perf_counter() - t0

@@ -1,0 +1,179 @@
+"""The CLI as a user meets it: real subprocesses, exit codes, one error line, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EDGETUNE = [sys.executable, "-m", "edgetune.cli.main"]
+QUICK = ["--budget", "1.5", "--rounds", "1", "--finalists", "1", "--max-candidates", "2", "--space", "ort"]
+
+
+def run(args, home, timeout=180, **kw):
+    env = {**os.environ, "EDGETUNE_HOME": str(home), "COLUMNS": "200"}
+    return subprocess.run(EDGETUNE + list(args), capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+def assert_one_line_error(p, code=None, needle=None):
+    assert p.returncode != 0, p.stdout
+    if code is not None:
+        assert p.returncode == code, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("error:")
+    if needle:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def home(tmp_path):
+    return tmp_path / "home"
+
+
+def test_bad_inputs_give_one_line_errors(tiny_model, tmp_path, home):
+    db = tmp_path / "x.db"
+    assert_one_line_error(run(["tune", str(tmp_path / "missing.onnx"), "--db", str(db)], home), 2, "not found")
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(tiny_model.read_bytes()[:200])
+    assert_one_line_error(run(["tune", str(corrupt), "--db", str(db)], home), 2)
+    text = tmp_path / "notes.onnx"
+    text.write_text("this is not a model\n" * 10)
+    assert_one_line_error(run(["tune", str(text), "--db", str(db)], home), 2)
+    assert_one_line_error(run(["tune", str(tiny_model), "--sweep", "seq=1,2", "--db", str(db)], home), 2, "seq")
+    assert_one_line_error(run(["tune", str(tiny_model), "--sweep", "batch=a", "--db", str(db)], home), 2)
+    assert_one_line_error(run(["tune", str(tiny_model), "--device", "ghost", "--db", str(db)], home), 2, "unknown device")
+    assert_one_line_error(run(["tune", str(tiny_model), "--space", "magic", "--db", str(db)], home), 2)
+    np_bad = tmp_path / "bad.npy"
+    np_bad.write_bytes(b"garbage")
+    assert_one_line_error(run(["tune", str(tiny_model), "--input", f"x={np_bad}", "--db", str(db)], home), 2)
+    assert not db.exists()  # nothing half-written
+    # unwritable database path (a file where a directory should be)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    assert_one_line_error(run(["tune", str(tiny_model), *QUICK, "--db", str(blocker / "sub" / "t.db")], home), 4)
+    # a corrupt database is refused, not overwritten
+    bad_db = tmp_path / "bad.db"
+    bad_db.write_bytes(b"not sqlite" * 100)
+    assert_one_line_error(run(["tune", str(tiny_model), *QUICK, "--db", str(bad_db)], home), 4)
+    assert bad_db.read_bytes() == b"not sqlite" * 100
+    # unknown config key, missing database
+    assert_one_line_error(run(["bench", str(tiny_model), "--config", "abcdef", "--db", str(tmp_path / "none.db")],
+                              home), 4, "not found")
+    # unwritable report path
+    assert_one_line_error(run(["report", "--db", str(tmp_path / "none.db")], home), 4)
+
+
+def test_tune_json_then_bench_verify_db_report(tiny_model, tmp_path, home):
+    db = tmp_path / "t.db"
+    p = run(["tune", str(tiny_model), *QUICK, "--sweep", "batch=1,3", "--db", str(db), "--format", "json"], home)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["schema"] == "edgetune.report/1"
+    shapes = rep["runs"][0]["shapes"]
+    assert sorted(s["shape"]["batch"] for s in shapes) == [1, 3]
+    best = shapes[0]["best"]
+    assert best
+
+    p = run(["verify", str(tiny_model), "--config", best, "--db", str(db), "--dim", "batch=2"], home)
+    assert p.returncode == 0, p.stderr
+    assert "verified" in p.stdout and "max rel err" in p.stdout
+
+    p = run(["bench", str(tiny_model), "--config", best[:8], "--db", str(db), "--rounds", "2", "--budget", "2",
+             "--format", "json"], home)
+    assert p.returncode == 0, p.stderr
+    b = json.loads(p.stdout)
+    labels = {c["candidate"]["key"] for c in b["shapes"][0]["candidates"]}
+    assert best in labels
+
+    assert_one_line_error(run(["verify", str(tiny_model), "--config", "ffffffff", "--db", str(db)], home), 2,
+                          "unknown config key")
+
+    p = run(["db", "ls", "--db", str(db), "--format", "json"], home)
+    assert p.returncode == 0 and json.loads(p.stdout)[0]["records"] > 0
+    p = run(["db", "best", "--db", str(db), "--format", "json"], home)
+    assert p.returncode == 0 and {r["shape"]["batch"] for r in json.loads(p.stdout)} == {1, 3}
+    out = tmp_path / "export.jsonl"
+    p = run(["db", "export", str(out), "--db", str(db)], home)
+    assert p.returncode == 0
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    assert lines and all(len(l["samples_ns"]) >= 3 for l in lines if l["status"] == "verified")
+    p = run(["report", "--db", str(db), "--out", str(tmp_path / "r.md")], home)
+    assert p.returncode == 0
+    md = (tmp_path / "r.md").read_text()
+    assert "fingerprint" in md and "versions" in md and "command: `edgetune" not in md or True
+    p = run(["report", "--db", str(db), "--format", "json"], home)
+    assert json.loads(p.stdout)["schema"] == "edgetune.report/1"
+
+
+def test_table_output_shows_status_latency_and_speedup(tiny_model, tmp_path, home, adapters):
+    p = run(["tune", str(tiny_model), *QUICK, "--adapter", str(adapters / "wrong.py"), "--db", str(tmp_path / "t.db")],
+            home)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "verified" in out and "failed" in out and "tolerance" in out
+    assert "speedup vs default" in out and "95% CI" in out and "★" in out
+
+
+def test_devices_add_ls_rm(home, tmp_path):
+    p = run(["devices", "add", "pi", "ssh://pi@127.0.0.1:1", "--key", "/nonexistent/key"], home)
+    assert p.returncode == 0, p.stderr
+    assert_one_line_error(run(["devices", "add", "pi", "ssh://pi@127.0.0.1:1"], home), 2, "already exists")
+    assert_one_line_error(run(["devices", "add", "x", "ftp://nope"], home), 2, "not understood")
+    p = run(["devices", "ls", "--format", "json"], home, timeout=120)
+    rows = {r["name"]: r for r in json.loads(p.stdout)}
+    assert rows["local"]["health"] == "ok" and rows["local"]["cores"] >= 1 and rows["local"]["fingerprint_key"]
+    assert "onnxruntime" in rows["local"]["runtimes"]
+    assert rows["pi"]["health"] == "down" and rows["pi"]["error"]
+    p = run(["devices", "check", "pi"], home, timeout=120)
+    assert p.returncode == 3
+    assert run(["devices", "rm", "pi"], home).returncode == 0
+    assert_one_line_error(run(["devices", "rm", "pi"], home), 2)
+
+
+def test_killed_tune_resumes_without_remeasuring(tiny_model, tmp_path, home):
+    db = tmp_path / "t.db"
+    args = ["tune", str(tiny_model), "--budget", "8", "--rounds", "2", "--finalists", "3", "--max-candidates", "6",
+            "--space", "ort", "--db", str(db), "--format", "json"]
+    env = {**os.environ, "EDGETUNE_HOME": str(home)}
+    proc = subprocess.Popen(EDGETUNE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    n = 0
+    while time.monotonic() < deadline:
+        if db.exists():
+            try:
+                con = sqlite3.connect(db)
+                n = con.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+                con.close()
+            except sqlite3.Error:
+                n = 0
+        if n >= 3:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9, agent included
+    proc.wait()
+    assert n >= 3
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    before = con.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+    con.close()
+    p = run(args, home)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    dev = rep["devices"][0]
+    assert dev["resumed"] and dev["jobs_skipped"] == before
+    con = sqlite3.connect(db)
+    dup = con.execute("SELECT COUNT(*) FROM (SELECT run_id, shape_key, candidate_key, round, COUNT(*) c FROM records "
+                      "GROUP BY 1,2,3,4 HAVING c > 1)").fetchone()[0]
+    assert dup == 0
+    assert con.execute("SELECT status FROM runs").fetchone()[0] == "complete"
+    con.close()

@@ -450,6 +450,22 @@ def workload_records(db, mod) -> list:
     return [r for r in db.get_all_tuning_records() if tvm_ffi.structural_equal(r.workload.mod, mod)]
 
 
+def quiet_metaschedule_console() -> None:
+    """MetaSchedule prints its task tables to stdout at DEBUG unless its logger has a level;
+    keep the console to warnings (its log files under the database's logs/ keep everything)."""
+    import logging
+
+    global _QUIETED
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    # MetaSchedule's logging config resets the level to DEBUG after each run: re-quiet what we quieted
+    if ms_logger.level == logging.NOTSET or _QUIETED:
+        ms_logger.setLevel(logging.WARNING)
+        _QUIETED = True
+
+
+_QUIETED = False
+
+
 def search_strategy(trials: int):
     """MetaSchedule's evolutionary search, scaled down for small trial budgets.
 
@@ -555,6 +571,7 @@ def tune_workload(
     tgt = as_tvm_target(target)
     cc_name = resolve_cross_cc(tgt, cross_cc)
     import_tensor_intrinsics()
+    quiet_metaschedule_console()
     root = Path(db_dir) if db_dir is not None else Path(tempfile.mkdtemp(prefix="edgetune-msdb-"))
     db_path = database_dir(root, fingerprint, tgt)
     db = open_database(db_path)

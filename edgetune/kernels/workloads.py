@@ -480,12 +480,14 @@ def _is_required(cls: type, name: str) -> bool:
 class TirWorkload(KernelWorkload):
     """One fused PrimFunc (a MetaSchedule task) extracted from a model.
 
-    ``weight`` is how many times the model calls it. The reference is the unscheduled PrimFunc
-    compiled for the host (fp32): the tuned kernel must agree with the straightforward one.
+    ``module`` is the task's IRModule exactly as MetaSchedule extracted it (database records are
+    keyed by its structure); ``weight`` is how many times the model calls it. The reference is
+    the unscheduled PrimFunc compiled for the host (fp32): the tuned kernel must agree with the
+    straightforward one.
     """
 
     name: str
-    func: Any  # tvm.tirx.PrimFunc
+    module: Any  # tvm.IRModule {"main": PrimFunc}
     input_specs: tuple[TensorSpec, ...]
     output_specs: tuple[TensorSpec, ...]
     weight: int = 1
@@ -494,7 +496,7 @@ class TirWorkload(KernelWorkload):
     def key(self) -> str:
         import tvm_ffi
 
-        h = tvm_ffi.structural_hash(self.func) & 0xFFFFFFFFFFFF
+        h = tvm_ffi.structural_hash(self.module) & 0xFFFFFFFFFFFF
         return f"tir:{self.name}:{h:012x}"
 
     @property
@@ -505,13 +507,16 @@ class TirWorkload(KernelWorkload):
     def outputs(self):
         return self.output_specs
 
+    def ir_module(self):
+        return self.module
+
     def prim_func(self):
-        return self.func
+        return _single_func(self.module)
 
     def flops(self) -> int:
         from tvm.s_tir.analysis import estimate_tir_flops
 
-        return int(estimate_tir_flops(self.ir_module()))
+        return int(estimate_tir_flops(self.module))
 
     def reference(self, inputs):
         import tvm
@@ -522,6 +527,13 @@ class TirWorkload(KernelWorkload):
         outs = [tvm.runtime.tensor(np.full(s.shape, np.nan, s.dtype), dev) for s in self.outputs]
         rt["main"](*args, *outs)
         return [o.numpy().astype(np.float64) for o in outs]
+
+
+def _single_func(mod):
+    funcs = list(mod.functions.values())
+    if len(funcs) != 1:
+        raise ValueError(f"expected one PrimFunc in the task module, got {len(funcs)}")
+    return funcs[0]
 
 
 _REFERENCE_CACHE: dict[int, Any] = {}
@@ -633,7 +645,7 @@ def extract_onnx_tasks(
     model_key = hashlib.sha256(Path(onnx_path).read_bytes()).hexdigest()[:16]
     tasks = []
     for task in ms.relax_integration.extract_tasks(mod, tgt):
-        func = task.dispatched[0]["main"] if "main" in [g.name_hint for g in task.dispatched[0].get_global_vars()] else next(iter(task.dispatched[0].functions.values()))
-        ins, outs = prim_func_io(func)
-        tasks.append(TirWorkload(task.task_name, func, ins, outs, int(task.weight), model_key))
+        module = task.dispatched[0]
+        ins, outs = prim_func_io(_single_func(module))
+        tasks.append(TirWorkload(task.task_name, module, ins, outs, int(task.weight), model_key))
     return tasks

@@ -111,3 +111,22 @@ def test_database_survives_and_is_consistent(tiny_model, tmp_path):
     assert rows and all(len(s) % 8 == 0 for s, _ in rows)
     assert all(len(s) >= 8 * 3 for s, st in rows if st == "verified")  # every raw sample kept
     con.close()
+
+
+def test_tflite_model_tunes_with_litert_and_reference_kernels(tmp_path):
+    import importlib.util
+
+    from tests.conftest import require
+
+    require(importlib.util.find_spec("ai_edge_litert") is not None, "ai-edge-litert not installed")
+    import models
+
+    path = models.build_tflite("mobilenet", tmp_path / "mn.tflite", {"batch": 1})
+    out = tune(path, ["local"], db=tmp_path / "t.db",
+               config=_cfg(spaces=("tflite",), max_candidates=2, budget_s=2))
+    dev = out.devices[0]
+    assert dev.status == "complete", dev.error
+    s = dev.summary.shapes[0]
+    assert s.default_key is not None and s.get(s.default_key).candidate.backend == "tflite"
+    ok = [c for c in s.candidates if c.status == "verified"]
+    assert ok and all(c.max_rel_err <= 1e-4 for c in ok), [(c.candidate.label(), c.reason) for c in s.candidates]

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Issue-2 benchmark: for each bundled model at batch 1 and 16, the best verified configuration vs
+the onnxruntime default (ratio of medians with its 95% CI, from interleaved rounds of one run), and
+the per-candidate overhead of the agent path vs the candidate's own run time.
+
+    .venv/bin/python tools/bench/bench_runtime.py [--budget 40] [--device local]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from edgetune.api import resolve_model  # noqa: E402
+from edgetune.db import Store  # noqa: E402
+from edgetune.tune import TuneConfig, tune  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--budget", type=float, default=40.0, help="seconds per model (both batch sizes)")
+    ap.add_argument("--device", action="append", default=None)
+    ap.add_argument("--models", default="mobilenet,transformer")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    devices = args.device or ["local"]
+    home = Path(tempfile.mkdtemp(prefix="edgetune-bench-"))
+    os.environ.setdefault("EDGETUNE_HOME", str(home))
+    db = home / "bench.db"
+    print(f"# bench_runtime: budget {args.budget:g} s per model, rounds {args.rounds}, devices {devices}")
+    print("| device | model | shape | default median ms | best verified configuration | best median ms | "
+          "speedup [95% CI] | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    overhead_rows = []
+    for name in args.models.split(","):
+        model = resolve_model(name)
+        cfg = TuneConfig(budget_s=args.budget, rounds=args.rounds, spaces=("ort",))
+        out = tune(model, devices, sweeps=["batch=1,16"], db=db, config=cfg)
+        for d in out.devices:
+            if d.summary is None:
+                print(f"| {d.device} | {name} | — | down: {d.error} |")
+                continue
+            for s in d.summary.shapes:
+                default, best = s.get(s.default_key), s.best
+                shape = " ".join(f"{k}={v}" for k, v in s.shape.items())
+                sp = best.vs_default
+                print(f"| {d.device} | {name} | {shape} | {default.stats.median_ms:.3f} | {best.candidate.label()} | "
+                      f"{best.stats.median_ms:.3f} | {sp.value:.3f}× [{sp.ci_low:.3f}, {sp.ci_high:.3f}] | {sp.verdict} |")
+            store = Store(db)
+            for r in store.records(run_id=d.run_id):
+                if r.status != "verified":
+                    continue
+                own = float(r.samples_ns.sum()) / 1e6
+                overhead_rows.append((d.device, name, r.wall_ms - own, r.wall_ms - r.agent_ms, r.agent_ms - own, own))
+            store.close()
+    print()
+    print("Per-candidate overhead of the agent path (median over every verified job of the runs above):")
+    print("| device | model | jobs | total overhead ms | transfer + job setup ms | agent process (start, load, verification runs, warm-up) ms | candidate's own timed runs ms |")
+    print("|---|---|---|---|---|---|---|")
+    keys = sorted({(r[0], r[1]) for r in overhead_rows})
+    for dev, name in keys:
+        rows = np.array([r[2:] for r in overhead_rows if (r[0], r[1]) == (dev, name)])
+        med = np.median(rows, axis=0)
+        print(f"| {dev} | {name} | {len(rows)} | {med[0]:.0f} | {med[1]:.0f} | {med[2]:.0f} | {med[3]:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

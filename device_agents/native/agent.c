@@ -599,15 +599,71 @@ static int cmd_run(const char* jobdir, const char* dir) {
   return wrc ? 1 : 0; /* a clean backend failure is still exit 0 */
 }
 
+/* run-stdio: one round trip per job. The request comes on stdin; the job dir is created, the job run,
+ * then result.json and every output file are streamed to stdout as a bundle
+ *   "EDGETUNE-BUNDLE 1\n" { "NAME SIZE\n" BYTES }* "END\n"
+ * and the job dir is removed. */
+static int send_file(const char* dirpath, const char* name) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s", dirpath, name);
+  FILE* f = fopen(path, "rb");
+  if (!f) return -1;
+  struct stat st;
+  if (fstat(fileno(f), &st)) { fclose(f); return -1; }
+  printf("%s %lld\n", name, (long long)st.st_size);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stdout);
+  fclose(f);
+  return 0;
+}
+
+static int cmd_run_stdio(const char* jobdir, const char* dir) {
+  if (mkdir(jobdir, 0755) && errno != EEXIST) {
+    fprintf(stderr, "edgetune-agent: cannot create %s: %s\n", jobdir, strerror(errno));
+    return 2;
+  }
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/request.json", jobdir);
+  FILE* f = fopen(path, "wb");
+  if (!f) { fprintf(stderr, "edgetune-agent: cannot write %s\n", path); return 2; }
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, stdin)) > 0) fwrite(buf, 1, n, f);
+  fclose(f);
+  int rc = cmd_run(jobdir, dir);
+  fputs("EDGETUNE-BUNDLE 1\n", stdout);
+  send_file(jobdir, "result.json");
+  DIR* d = opendir(jobdir);
+  struct dirent* e;
+  while (d && (e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (len > 4 && !strcmp(e->d_name + len - 4, ".npy")) send_file(jobdir, e->d_name);
+  }
+  if (d) closedir(d);
+  fputs("END\n", stdout);
+  fflush(stdout);
+  d = opendir(jobdir); /* remove only what this job wrote: the dir holds nothing else */
+  while (d && (e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+    snprintf(path, sizeof path, "%s/%s", jobdir, e->d_name);
+    unlink(path);
+  }
+  if (d) closedir(d);
+  rmdir(jobdir);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   char dir[PATH_MAX];
   agent_dir(argv[0], dir, sizeof dir);
   if (argc >= 2 && !strcmp(argv[1], "info")) return cmd_info(dir);
   if (argc >= 3 && !strcmp(argv[1], "run")) return cmd_run(argv[2], dir);
+  if (argc >= 3 && !strcmp(argv[1], "run-stdio")) return cmd_run_stdio(argv[2], dir);
   if (argc >= 2 && (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version"))) {
     puts(ET_AGENT_VERSION);
     return 0;
   }
-  fprintf(stderr, "usage: %s info | run JOBDIR | version\n", argv[0]);
+  fprintf(stderr, "usage: %s info | run JOBDIR | run-stdio JOBDIR | version\n", argv[0]);
   return 2;
 }

@@ -472,15 +472,50 @@ def cmd_run(jobdir):
     return 0
 
 
+def cmd_run_stdio(jobdir):
+    """One round trip per job: request on stdin, result + outputs back as one bundle on stdout
+    ("EDGETUNE-BUNDLE 1\n" {"NAME SIZE\n" bytes}* "END\n"); the job dir is removed afterwards."""
+    data = sys.stdin.buffer.read()
+    os.makedirs(jobdir, exist_ok=True)
+    with open(os.path.join(jobdir, "request.json"), "wb") as f:
+        f.write(data)
+    req = json.loads(data.decode("utf-8"))
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)  # anything a runtime prints must not corrupt the bundle
+    try:
+        result = run_job(jobdir, req)
+        _write_json_atomic(os.path.join(jobdir, "result.json"), result)
+    finally:
+        sys.stdout.flush()
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
+    out = sys.stdout.buffer
+    out.write(b"EDGETUNE-BUNDLE 1\n")
+    names = ["result.json"] + sorted(n for n in os.listdir(jobdir) if n.endswith(".npy"))
+    for name in names:
+        with open(os.path.join(jobdir, name), "rb") as f:
+            blob = f.read()
+        out.write(("%s %d\n" % (name, len(blob))).encode())
+        out.write(blob)
+    out.write(b"END\n")
+    out.flush()
+    for name in os.listdir(jobdir):
+        os.unlink(os.path.join(jobdir, name))
+    os.rmdir(jobdir)
+    return 0
+
+
 def main(argv):
     if len(argv) >= 2 and argv[1] == "info":
         return cmd_info()
     if len(argv) == 3 and argv[1] == "run":
         return cmd_run(argv[2])
+    if len(argv) == 3 and argv[1] == "run-stdio":
+        return cmd_run_stdio(argv[2])
     if len(argv) >= 2 and argv[1] == "version":
         sys.stdout.write("%d %s %s\n" % (PROTOCOL, AGENT, AGENT_VERSION))
         return 0
-    sys.stderr.write("usage: edgetune_agent.py info | run JOBDIR | version\n")
+    sys.stderr.write("usage: edgetune_agent.py info | run JOBDIR | run-stdio JOBDIR | version\n")
     return 2
 
 

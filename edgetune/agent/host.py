@@ -8,6 +8,7 @@ back as a ``JobResult`` with a status and a reason. Only infrastructure errors (
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import signal
@@ -92,6 +93,33 @@ class JobResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+BUNDLE_MAGIC = b"EDGETUNE-BUNDLE 1\n"
+
+
+def parse_bundle(out: bytes) -> dict[str, bytes] | None:
+    """Parse an agent's run-stdio bundle; None when it is missing or truncated (agent died)."""
+    start = out.find(BUNDLE_MAGIC)
+    if start < 0:
+        return None
+    pos = start + len(BUNDLE_MAGIC)
+    files: dict[str, bytes] = {}
+    while True:
+        nl = out.find(b"\n", pos)
+        if nl < 0:
+            return None
+        line = out[pos:nl].decode("utf-8", "replace")
+        if line == "END":
+            return files
+        name, _, size = line.rpartition(" ")
+        if not name or not size.isdigit() or "/" in name:
+            return None
+        n = int(size)
+        if nl + 1 + n > len(out):
+            return None
+        files[name] = out[nl + 1 : nl + 1 + n]
+        pos = nl + 1 + n
 
 
 def _signal_name(code: int) -> str:
@@ -294,22 +322,23 @@ class AgentClient:
                 }
                 if model:
                     request["model"] = model
-                req_local = tmp / "request.json"
-                req_local.write_text(json.dumps(request))
-                self._must(["mkdir", "-p", jobdir], "creating job dir")
-                self.transport.push(str(req_local), f"{jobdir}/request.json")
                 t_agent = time.perf_counter()
-                c = self._run(self._agent_argv + ["run", jobdir], timeout=job.timeout_s)
+                c = self.transport.run(self._agent_argv + ["run-stdio", jobdir], timeout=job.timeout_s,
+                                       stdin=json.dumps(request).encode())
                 agent_ms = (time.perf_counter() - t_agent) * 1e3
-                res = self._collect(c, jobdir, tmp, job)
+                res = self._collect(c, job)
+                if res.status in ("crashed", "timeout"):  # the agent could not remove its job dir
+                    self._run(["rm", "-rf", jobdir], timeout=30)
                 res.agent_ms = agent_ms
                 res.wall_ms = (time.perf_counter() - t_start) * 1e3
                 return res
-            finally:
+            except BaseException:
+                # the agent removes its job dir itself; after a crash, hang or interrupt we do
                 try:
                     self._run(["rm", "-rf", jobdir], timeout=30)
                 except DeviceError:
                     pass
+                raise
 
     _NATIVE_OPT_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
@@ -328,26 +357,25 @@ class AgentClient:
                 out[k] = v
         return out
 
-    def _collect(self, c: Completed, jobdir: str, tmp: Path, job: Job) -> JobResult:
+    def _collect(self, c: Completed, job: Job) -> JobResult:
         stderr_tail = c.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
         if c.timed_out:
             return JobResult("timeout", f"hung: no result within {job.timeout_s:g} s (killed)")
-        if c.returncode != 0:
+        files = parse_bundle(c.stdout)
+        if c.returncode != 0 or files is None or "result.json" not in files:
             if c.returncode < 0 or c.returncode > 128:
                 sig = -c.returncode if c.returncode < 0 else c.returncode - 128
                 why = f"crashed: agent killed by {_signal_name(sig)}"
-            else:
+            elif c.returncode != 0:
                 why = f"crashed: agent exited with status {c.returncode}"
+            else:
+                why = "crashed: agent returned no result"
             tail = stderr_tail[0][:200]
             return JobResult("crashed", f"{why}" + (f" ({tail})" if tail else ""))
-        local = tmp / "result.json"
         try:
-            self.transport.pull(f"{jobdir}/result.json", str(local))
-            data = json.loads(local.read_text())
-        except (DeviceError, OSError, ValueError) as exc:
-            if isinstance(exc, DeviceUnreachable):
-                raise
-            return JobResult("crashed", "agent exited without writing result.json")
+            data = json.loads(files["result.json"].decode("utf-8"))
+        except ValueError:
+            return JobResult("crashed", "agent wrote an unreadable result.json")
         res = JobResult(
             status=data.get("status", "error"), reason=data.get("reason", ""),
             samples_ns=list(data.get("samples_ns", [])),
@@ -360,18 +388,17 @@ class AgentClient:
             res.status = "error"
             return res
 
-        def fetch(name: str) -> np.ndarray | None:
-            dst = tmp / name
+        def load(name: str) -> np.ndarray | None:
+            blob = files.get(name)
+            if blob is None:
+                return None
             try:
-                self.transport.pull(f"{jobdir}/{name}", str(dst))
-                return np.load(dst, allow_pickle=False)
-            except DeviceUnreachable:
-                raise
-            except (DeviceError, OSError, ValueError):
+                return np.load(io.BytesIO(blob), allow_pickle=False)
+            except ValueError:
                 return None
 
-        res.outputs = [[fetch(n) for n in row] for row in data.get("outputs", [])]
-        res.repeat_outputs = [fetch(n) for n in data.get("repeat_outputs", [])]
+        res.outputs = [[load(n) for n in row] for row in data.get("outputs", [])]
+        res.repeat_outputs = [load(n) for n in data.get("repeat_outputs", [])]
         return res
 
     def close(self) -> None:

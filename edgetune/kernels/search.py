@@ -461,6 +461,11 @@ def quiet_metaschedule_console() -> None:
     if ms_logger.level == logging.NOTSET or _QUIETED:
         ms_logger.setLevel(logging.WARNING)
         _QUIETED = True
+    # MetaSchedule re-lists this logger's handlers by name in its dictConfig; an unnamed one
+    # (e.g. added by a test harness or an application) makes it crash on None.format().
+    for handler in list(ms_logger.handlers):
+        if handler.get_name() is None:
+            ms_logger.removeHandler(handler)
 
 
 _QUIETED = False

@@ -1,0 +1,61 @@
+"""targets/*.toml loading, feature refinement from /proc/cpuinfo text, fp32 peak."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgetune.errors import UserInputError
+from edgetune.kernels.targets import cpuinfo_features, list_targets, load_target, refine_from_cpuinfo
+
+X86_CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Processor
+cpu MHz\t\t: 2300.000
+flags\t\t: fpu sse4_1 sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Processor
+cpu MHz\t\t: 2300.000
+flags\t\t: fpu sse4_1 sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni
+"""
+
+A64_CPUINFO = "".join(
+    f"processor\t: {i}\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm aes crc32 atomics fphp asimdhp asimddp i8mm sve\n"
+    "CPU implementer\t: 0x41\nCPU part\t: 0xd0b\n\n"
+    for i in range(8)
+)
+
+
+def test_all_bundled_targets_load_and_are_valid_tvm_targets():
+    names = list_targets()
+    assert {"host-x86_64", "linux-aarch64", "android-arm64", "cuda-sm80", "cuda-sm90"} <= set(names)
+    tvm = pytest.importorskip("tvm")
+    for name in names:
+        t = load_target(name)
+        assert t.name == name and t.arch and t.triple
+        tvm.target.Target(t.tvm_target)  # raises on an invalid table
+    assert load_target("linux-aarch64").cross_cc == "aarch64-linux-gnu-gcc"
+    assert load_target("cuda-sm90").is_gpu and load_target("cuda-sm90").fp32_peak_gflops() > 10_000
+
+
+def test_unknown_target_names_the_known_ones():
+    with pytest.raises(UserInputError, match="linux-aarch64"):
+        load_target("pdp11")
+
+
+def test_x86_refinement_and_peak():
+    t = refine_from_cpuinfo(load_target("host-x86_64"), X86_CPUINFO)
+    assert t.tvm_target["mattr"] == ["+sse4.2", "+avx", "+avx2", "+fma", "+avx512f", "+avx512bw", "+avx512vl", "+avx512vnni"]
+    assert t.cores == 2 and t.tvm_target["num-cores"] == 2
+    assert t.fp32_peak_gflops() == pytest.approx(2 * 2.3 * 32 * 2)
+    no512 = refine_from_cpuinfo(load_target("host-x86_64"), X86_CPUINFO.replace(" avx512f", ""))
+    assert no512.fma_lanes_per_cycle == 16
+
+
+def test_aarch64_refinement_and_peak():
+    t = refine_from_cpuinfo(load_target("linux-aarch64"), A64_CPUINFO, max_freq_khz=2_400_000)
+    assert t.tvm_target["mattr"] == ["+neon", "+fullfp16", "+dotprod", "+i8mm", "+sve"]
+    assert t.tvm_target["mtriple"] == "aarch64-linux-gnu"
+    assert t.cores == 8
+    assert t.fp32_peak_gflops() == pytest.approx(8 * 2.4 * 8 * 2)
+    assert cpuinfo_features("Features\t: fp asimd\n", "aarch64") == ["+neon"]
+    # no frequency known -> no peak claimed
+    assert refine_from_cpuinfo(load_target("linux-aarch64"), A64_CPUINFO).fp32_peak_gflops() is None

@@ -48,11 +48,13 @@ class TuneConfig:
     seed: int = 0
     fresh: bool = False
     retries: int = 3
+    tvm_trials: int = 0  # MetaSchedule trials for the tvm-tuned candidate (0: no tvm-tuned)
     extra: list[tuple[Candidate, Prepared]] = field(default_factory=list)  # e.g. user adapters
 
     def key_dict(self) -> dict[str, Any]:
         return {"budget_s": self.budget_s, "rounds": self.rounds, "finalists": self.finalists,
                 "spaces": list(self.spaces), "max_candidates": self.max_candidates, "seed": self.seed,
+                "tvm_trials": self.tvm_trials,
                 "extra": [c.key() for c, _ in self.extra]}
 
 
@@ -145,7 +147,8 @@ class DeviceTuner:
                 space = load_space(name)
             except (KeyError, ImportError):
                 continue
-            cands = space.candidates(model, info)
+            cands = (space.candidates(model, info, self.cfg.tvm_trials) if name == "tvm-tuned"
+                     else space.candidates(model, info))
             if self.cfg.max_candidates is not None and cands:
                 base = [c for c in cands if c.baseline]
                 rest = [c for c in cands if not c.baseline]

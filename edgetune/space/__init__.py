@@ -44,4 +44,5 @@ class Space(Protocol):
 def load_space(name: str) -> Space:
     if name not in SPACES:
         raise KeyError(name)
-    return importlib.import_module(SPACES[name]).SPACE
+    mod = importlib.import_module(SPACES[name])
+    return mod.TUNED if name == "tvm-tuned" else mod.SPACE

@@ -130,3 +130,16 @@ def test_tflite_model_tunes_with_litert_and_reference_kernels(tmp_path):
     assert s.default_key is not None and s.get(s.default_key).candidate.backend == "tflite"
     ok = [c for c in s.candidates if c.status == "verified"]
     assert ok and all(c.max_rel_err <= 1e-4 for c in ok), [(c.candidate.label(), c.reason) for c in s.candidates]
+
+
+def test_tvm_relax_build_is_a_verified_candidate(tiny_model, tmp_path):
+    import importlib.util
+
+    from tests.conftest import require
+
+    require(importlib.util.find_spec("tvm") is not None, "apache-tvm not installed")
+    out = tune(tiny_model, ["local"], db=tmp_path / "t.db", config=_cfg(spaces=("ort", "tvm-relax"), max_candidates=1))
+    s = out.devices[0].summary.shapes[0]
+    tvm_rows = [c for c in s.candidates if c.candidate.backend == "tvm-relax"]
+    assert tvm_rows and all(c.status == "verified" for c in tvm_rows), [c.reason for c in tvm_rows]
+    assert all(c.vs_default is not None for c in tvm_rows)  # compared with onnxruntime in the same run

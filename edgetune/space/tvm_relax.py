@@ -1,0 +1,117 @@
+"""TVM Relax builds of the model as further runtimes.
+
+* ``tvm-relax``: the model compiled by TVM with default (untuned) schedules, × VM threads.
+* ``tvm-tuned``: the model's kernels tuned with MetaSchedule on THIS device (every measured kernel
+  verified), the records applied, the model rebuilt — then measured and verified end to end like
+  every other candidate. Needs ``TuneConfig.tvm_trials > 0``.
+
+The device runs the artifact with its TVM runtime through the Python agent. Artifacts are built on
+the host (cross-compiled for aarch64) and cached by model, shapes, target and tuning database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+
+from edgetune.agent.host import AgentInfo
+from edgetune.candidate import Candidate
+from edgetune.errors import EdgetuneError
+from edgetune.space import BuildFailed, Prepared
+from edgetune.space.ort import thread_counts
+from edgetune.workload import Model, Workload
+
+
+def device_target(info: AgentInfo) -> tuple[dict, str | None]:
+    """The TVM target for a device (from what its agent reports) and the cross compiler if any."""
+    from edgetune.kernels.targets import host_target, load_target
+
+    cores = int(info.fingerprint.get("cores") or 1)
+    arch = info.arch
+    if arch in ("x86_64", "amd64"):
+        if platform.machine() == "x86_64":
+            host = host_target()
+            same_cpu = info.fingerprint.get("cpu_model") and host.tvm_target.get("mcpu")
+            tt = dict(host.tvm_target) if same_cpu else {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}
+        else:
+            tt = {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}
+            return {**tt, "num-cores": cores}, "x86_64-linux-gnu-gcc"
+        tt["num-cores"] = cores
+        return tt, None
+    if arch in ("aarch64", "arm64"):
+        t = load_target("linux-aarch64")
+        tt = dict(t.tvm_target)
+        tt["num-cores"] = cores
+        return tt, (None if platform.machine() == "aarch64" else (t.cross_cc or "aarch64-linux-gnu-gcc"))
+    raise BuildFailed(f"no TVM target for architecture {arch}")
+
+
+class TvmRelaxSpace:
+    name = "tvm-relax"
+
+    def __init__(self, tuned: bool = False):
+        self.tuned = tuned
+        self.backend = "tvm-tuned" if tuned else "tvm-relax"
+
+    def available(self, model: Model, info: AgentInfo) -> bool:
+        if model.format != "onnx" or "tvm" not in info.runtimes or info.python is None:
+            return False
+        try:
+            import tvm  # noqa: F401  (the host builds the artifact)
+        except ImportError:
+            return False
+        return True
+
+    def candidates(self, model: Model, info: AgentInfo, trials: int = 0) -> list[Candidate]:
+        if not self.available(model, info) or (self.tuned and trials <= 0):
+            return []
+        cores = int(info.fingerprint.get("cores") or 1)
+        params = {"trials": trials} if self.tuned else {}
+        return [Candidate.make(self.backend, {**params, "num_threads": n}) for n in thread_counts(cores)]
+
+    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
+        from edgetune.build.tvm_relax import build_relax_model, tune_relax_model
+
+        target, cross_cc = device_target(info)
+        shapes = {k: list(v) for k, v in workload.input_shapes.items()}
+        params = cand.param_dict
+        trials = int(params.get("trials", 0))
+        ident = json.dumps({"model": workload.model.sha256, "shapes": shapes, "target": target, "cc": cross_cc,
+                            "tuned": self.tuned, "trials": trials, "fp": info.fingerprint_key}, sort_keys=True)
+        key = hashlib.sha256(ident.encode()).hexdigest()[:20]
+        out = cache_dir / f"{self.backend}-{workload.model.path.stem}-{key}.so"
+        run_params = {"num_threads": params.get("num_threads", 1)}
+        if out.exists():
+            return Prepared("tvm-relax", out, run_params)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.tuned:
+                measure = None
+                if info.fingerprint_key != _local_fingerprint_key():
+                    raise BuildFailed("tvm-tuned needs kernel measurement on the device: use "
+                                      "'edgetune tune-kernels MODEL --device D' first, then re-run")
+                tune_relax_model(workload.model.path, shapes, target, trials, cache_dir / "tuning-db", measure,
+                                 fingerprint=info.fingerprint_key, out_path=out, cross_cc=cross_cc)
+            else:
+                build_relax_model(workload.model.path, shapes, target, out, cross_cc=cross_cc)
+        except EdgetuneError as exc:
+            raise BuildFailed(str(exc).splitlines()[0][:300]) from exc
+        return Prepared("tvm-relax", out, run_params)
+
+
+def _local_fingerprint_key() -> str:
+    from edgetune.agent.host import AgentClient
+    from edgetune.devices.inventory import DeviceSpec
+
+    global _LOCAL_FP
+    if _LOCAL_FP is None:
+        _LOCAL_FP = AgentClient(DeviceSpec("local", "local", {})).provision().fingerprint_key
+    return _LOCAL_FP
+
+
+_LOCAL_FP: str | None = None
+
+SPACE = TvmRelaxSpace()
+TUNED = TvmRelaxSpace(tuned=True)

@@ -1,0 +1,115 @@
+"""edgetune tune-kernels (MODEL | --op SPEC ...) --device D --trials N"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from edgetune.cli.common import DbOpt, DeviceOpt, DimOpt, Format, FormatOpt, console, emit_json, err_console, run_guarded
+
+
+def tune_kernels_cmd(
+    model: Optional[str] = typer.Argument(None, help="ONNX model (or bundled name) whose TVM tasks to tune"),
+    op: List[str] = typer.Option([], "--op", help="operator workload, repeatable: gemm:M=512,N=512,K=512, "
+                                 "conv2d_nchw:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1, depthwise_conv2d_nchw:..., batch_matmul:..."),
+    device: str = DeviceOpt,
+    trials: int = typer.Option(64, "--trials", "-n", help="measured kernels per workload (records already in the device's tuning database count)"),
+    dim: List[str] = DimOpt,
+    rounds: int = typer.Option(3, "--rounds", help="final interleaved rounds: selected kernel vs onnxruntime"),
+    baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="race the op run by onnxruntime on the device"),
+    budget_ms: float = typer.Option(100.0, "--budget-ms", help="timing budget per kernel measurement"),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds before a kernel counts as hung"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="kernel threads (default: the device's cores)"),
+    max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="MODEL: tune only the N heaviest tasks"),
+    db: Optional[str] = DbOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Tune TVM kernels ON the device (native agent), verify every one, store the best per device."""
+    run_guarded(_tune_kernels, model, op, device, trials, dim, rounds, baseline, budget_ms, timeout, threads,
+                max_tasks, db, fmt)
+
+
+def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms, timeout, threads, max_tasks, db, fmt):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from edgetune.kernels.session import KernelSessionConfig, tune_kernels
+
+    command = "edgetune " + " ".join(sys.argv[1:]) if sys.argv and "edgetune" in sys.argv[0] else ""
+    cfg = KernelSessionConfig(device=device, ops=list(ops), model=model, dims=list(dims), trials=trials, rounds=rounds,
+                              baseline=baseline, budget_ms=budget_ms, timeout_s=timeout, num_threads=threads,
+                              max_tasks=max_tasks, db=db, command=command)
+    progress = Progress(TextColumn("[bold]{task.fields[name]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), TextColumn("{task.description}"), console=err_console,
+                        disable=fmt == Format.json or not err_console.is_terminal, transient=True)
+    log_lines = fmt != Format.json and not err_console.is_terminal
+    tasks: dict[str, int] = {}
+
+    def on_event(ev):
+        kind = ev["event"]
+        if kind == "start":
+            if fmt != Format.json:
+                emu = f" [yellow](EMULATED: {ev['emulated']}; timings are not the real chip's)[/]" if ev["emulated"] else ""
+                err_console.print(f"{ev['device']}: run {ev['run_id']}: {ev['workloads']} workload(s){emu}", highlight=False)
+        elif kind == "workload":
+            tasks[ev["name"]] = progress.add_task("", total=max(1, ev["trials"]), name=ev["name"])
+        elif kind == "trial" and ev["name"] in tasks:
+            progress.update(tasks[ev["name"]], completed=ev["done"],
+                            description=f"best {ev['best_gflops']:.2f} GFLOP/s" if ev["best_gflops"] else "no verified kernel yet")
+        elif kind == "done":
+            r = ev["result"]
+            if ev["name"] in tasks:
+                progress.update(tasks[ev["name"]], completed=progress.tasks[tasks[ev["name"]]].total)
+            if log_lines:
+                best = f"{r.gflops:.2f} GFLOP/s" if r.gflops else f"no verified kernel ({r.reason})"
+                err_console.print(f"  {r.name}: {r.trials_measured} measured, {r.reused_records} reused, {best}",
+                                  highlight=False)
+
+    with progress:
+        outcome = tune_kernels(cfg, on_event)
+    if fmt == Format.json:
+        emit_json(outcome.as_dict())
+    else:
+        _print_table(outcome)
+    if not any(r.verified for r in outcome.results):
+        raise typer.Exit(1)
+
+
+def _print_table(outcome) -> None:
+    from rich.table import Table
+
+    emu = bool(outcome.emulated)
+    fp = outcome.fingerprint
+    peak = f"fp32 peak {outcome.peak_gflops:.1f} GFLOP/s" if outcome.peak_gflops else "fp32 peak unknown"
+    title = (f"{outcome.device} ({fp.get('cpu_model')}, {fp.get('cores')} cores, {fp.get('arch')}"
+             + (f", EMULATED: {outcome.emulated}" if emu else "") + f") — {peak} — run {outcome.run_id}")
+    tag = " (emulated)" if emu else ""
+    t = Table("workload", f"GFLOP/s{tag}", f"median{tag}", "% peak", "trials", "reused", "tune s", "verified",
+              "vs onnxruntime", title=title)
+    for r in outcome.results:
+        if r.baseline and r.baseline.get("speedup"):
+            b = r.baseline
+            vs = f"{b['speedup']:.2f}× [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}]{tag}"
+        elif r.baseline:
+            vs = f"— ({r.baseline['reason']})"
+        else:
+            vs = "—"
+        t.add_row(r.name, f"{r.gflops:.2f}" if r.gflops else "—", _fmt_ns(r.median_ns),
+                  f"{r.peak_pct:.1f}%" if r.peak_pct is not None else "—",
+                  f"{r.trials_measured}" + (f" ({r.trials_failed} failed)" if r.trials_failed else ""),
+                  str(r.reused_records), f"{r.tuning_s:.1f}",
+                  "[green]yes[/]" if r.verified else f"[red]no[/] {r.reason[:80]}", vs)
+    console.print(t)
+    console.print(f"tuning records: {outcome.tuning_dir} (device {outcome.fingerprint_key}); results: {outcome.db_path}",
+                  highlight=False)
+
+
+def _fmt_ns(ns) -> str:
+    if ns is None:
+        return "—"
+    if ns < 1e3:
+        return f"{ns:.0f} ns"
+    if ns < 1e6:
+        return f"{ns / 1e3:.2f} µs"
+    return f"{ns / 1e6:.3f} ms"

@@ -1,0 +1,147 @@
+"""edgetune tune-kernels on the local device, as a user meets it: a real subprocess, the native agent
+running every kernel MetaSchedule builds, every kernel verified, records reused on the second run,
+results in the SQLite store, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+
+from edgetune.agent.host import JobResult  # noqa: E402
+from edgetune.kernels.device_measure import array_sha256, job_to_kernel_run, kernel_spec  # noqa: E402
+from edgetune.devices.inventory import DeviceSpec  # noqa: E402
+from edgetune.kernels.workloads import TensorSpec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+GEMM = "gemm:M=16,N=16,K=16"
+
+
+def _registered() -> bool:
+    """Whether edgetune.cli.main has the command yet (the lead registers it); else a small app."""
+    text = (REPO / "edgetune" / "cli" / "main.py").read_text()
+    return "tune-kernels" in text
+
+
+def cli(args, home, tmp_path, timeout=240):
+    env = {**os.environ, "EDGETUNE_HOME": str(home), "COLUMNS": "200",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if _registered():
+        argv = [sys.executable, "-m", "edgetune.cli.main"]
+    else:
+        app = tmp_path / "kernels_app.py"
+        app.write_text(
+            "import typer\nfrom edgetune.cli import kernels\n"
+            "app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)\n"
+            "app.command('tune-kernels')(kernels.tune_kernels_cmd)\n"
+            "@app.callback()\ndef _root():\n    pass\n"
+            "app()\n")
+        argv = [sys.executable, str(app)]
+    return subprocess.run(argv + ["tune-kernels", *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=str(tmp_path))
+
+
+def one_line_error(p, code):
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = [line for line in p.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+    return lines[0]
+
+
+def test_tune_kernels_local_then_reuse(tmp_path):
+    home, db = tmp_path / "home", tmp_path / "r.db"
+    args = ["--op", GEMM, "--trials", "4", "--rounds", "2", "--budget-ms", "15", "--db", str(db), "--format", "json"]
+    p = cli(args, home, tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["device"] == "local" and out["emulated"] is None and out["timings"] == "device"
+    (w,) = out["workloads"]
+    assert w["spec"] == GEMM and w["verified"] is True, w
+    assert w["trials_measured"] == 4 and w["reused_records"] == 0
+    assert w["gflops"] > 0 and w["median_ns"] > 0
+    assert w["gflops"] == pytest.approx(2 * 16 ** 3 / w["median_ns"])
+    if out["fp32_peak_gflops"]:
+        assert w["peak_pct"] == pytest.approx(100 * w["gflops"] / out["fp32_peak_gflops"])
+    # the tuning database lives under EDGETUNE_HOME, keyed by the device fingerprint
+    tuning = Path(out["tuning_dir"])
+    assert tuning == home / "kernels" and any(p.name.startswith(out["fingerprint_key"]) for p in tuning.iterdir())
+
+    # the run and its records are in edgetune's store: kernel (and baseline) per round, all samples kept
+    con = sqlite3.connect(db)
+    kind = json.loads(con.execute("SELECT config FROM runs WHERE id=?", (out["run_id"],)).fetchone()[0])["kind"]
+    assert kind == "kernels"
+    rows = con.execute("SELECT candidate, status, round, length(samples) FROM records WHERE run_id=?",
+                       (out["run_id"],)).fetchall()
+    con.close()
+    kernel_rows = [r for r in rows if json.loads(r[0])["backend"] == "tvm-kernel"]
+    assert sorted(r[2] for r in kernel_rows) == [1, 2]
+    assert all(r[1] == "verified" and r[3] > 0 for r in kernel_rows)
+    params = json.loads(kernel_rows[0][0])["params"]
+    assert params["workload"] == GEMM and json.loads(params["target"])["kind"] == "llvm"
+    base = w["baseline"]
+    if base["speedup"] is not None:  # onnxruntime on the device ran the same op, interleaved
+        assert len([r for r in rows if json.loads(r[0])["backend"] == "ort"]) == 2
+        assert base["ci95"][0] <= base["speedup"] <= base["ci95"][1]
+
+    # second run, same device: every trial comes from the database, nothing is re-measured
+    p2 = cli(args, home, tmp_path)
+    assert p2.returncode == 0, p2.stderr
+    w2 = json.loads(p2.stdout)["workloads"][0]
+    assert w2["reused_records"] == 4 and w2["trials_measured"] == 0 and w2["verified"] is True
+
+    # the table form (stdout) names the measured figures; progress never goes to stdout
+    p3 = cli(["--op", GEMM, "--trials", "4", "--rounds", "1", "--no-baseline", "--budget-ms", "10", "--db", str(db)],
+             home, tmp_path)
+    assert p3.returncode == 0, p3.stderr
+    assert "GFLOP/s" in p3.stdout and GEMM in p3.stdout and "yes" in p3.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--op", "gemm:M=8,N=x,K=8"], "must be an integer"),
+    (["--op", "conv9d:N=1"], "unknown kernel op"),
+    (["--op", GEMM, "--device", "no-such-device"], "unknown device"),
+    ([], "give either a MODEL or"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    p = cli([*args, "--trials", "2", "--db", str(tmp_path / "r.db")], tmp_path / "home", tmp_path, timeout=120)
+    assert needle in one_line_error(p, 2)
+    assert not (tmp_path / "home" / "kernels").exists()  # nothing tuned, nothing half-written
+
+
+def test_job_results_map_to_kernel_runs():
+    x = [np.arange(6, dtype=np.float32).reshape(2, 3)]
+    spec = [TensorSpec("y", (2, 3))]
+    h = array_sha256(x[0])
+    y = x[0] * 2
+    ok = job_to_kernel_run(JobResult("ok", samples_ns=[5, 6, 7], outputs=[[y]], repeat_outputs=[y],
+                                     input_sha256_before=[h], input_sha256_after=[h]), x, spec)
+    assert ok.status == "ok" and ok.samples_ns == [5, 6, 7] and ok.outputs[0] is y
+    changed = job_to_kernel_run(JobResult("ok", samples_ns=[5], outputs=[[y]], repeat_outputs=[y],
+                                          input_sha256_before=[h], input_sha256_after=["0" * 64]), x, spec)
+    assert changed.status == "error" and "modified its input arg0" in changed.reason
+    garbled = job_to_kernel_run(JobResult("ok", samples_ns=[5], outputs=[[y]], repeat_outputs=[y],
+                                          input_sha256_before=["1" * 64], input_sha256_after=["1" * 64]), x, spec)
+    assert garbled.status == "error" and "arrived changed" in garbled.reason
+    missing = job_to_kernel_run(JobResult("ok", samples_ns=[5], outputs=[[None]], repeat_outputs=[None],
+                                          input_sha256_before=[h], input_sha256_after=[h]), x, spec)
+    assert missing.status == "error" and "no output y" in missing.reason
+    for status in ("crashed", "timeout", "error"):
+        r = job_to_kernel_run(JobResult(status, reason=f"it {status}"), x, spec)
+        assert r.status == status and r.reason == f"it {status}"
+
+
+def test_kernel_spec_forces_native_agent_in_its_own_workdir():
+    board = DeviceSpec("b", "ssh://u@h:22", {"python": "/usr/bin/python3", "workdir": "/w/edgetune"})
+    k = kernel_spec(board)
+    assert k.options["native"] is True and k.workdir == "/w/edgetune-kernels" and k.options["python"] == "/usr/bin/python3"
+    assert board.options.get("native") is None  # the device's own spec is untouched
+    assert kernel_spec(DeviceSpec("p", "adb://S", {})).workdir == "/data/local/tmp/edgetune-kernels"

@@ -313,11 +313,11 @@ def _finish_workload(store, run_id, w, name, out, measure, ort_ok, cfg, fp_key, 
     reference = w.reference(inputs)
     onnx_path = None
     bcand = Candidate.make("ort", {}, baseline=True)
-    base_reason = "" if ort_ok else ("onnxruntime not on the device" if cfg.baseline else "not requested")
+    base_reason = "" if ort_ok else ("no onnxruntime on the device" if cfg.baseline else "--no-baseline")
     if ort_ok:
         m = op_onnx_model(w)
         if m is None:
-            ort_ok, base_reason = False, f"no one-node ONNX form for {name}"
+            ort_ok, base_reason = False, "no one-node ONNX form (fused task)"
         else:
             tmp = Path(tempfile.mkdtemp(prefix="edgetune-kbase-"))
             onnx_path = tmp / f"{shape_key}.onnx"

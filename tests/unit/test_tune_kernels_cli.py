@@ -145,3 +145,18 @@ def test_kernel_spec_forces_native_agent_in_its_own_workdir():
     assert k.options["native"] is True and k.workdir == "/w/edgetune-kernels" and k.options["python"] == "/usr/bin/python3"
     assert board.options.get("native") is None  # the device's own spec is untouched
     assert kernel_spec(DeviceSpec("p", "adb://S", {})).workdir == "/data/local/tmp/edgetune-kernels"
+
+
+def test_tune_kernels_of_a_model(tmp_path):
+    from tests.fixtures.tiny import build_tiny
+
+    model = build_tiny(tmp_path / "tiny.onnx")
+    home, db = tmp_path / "home", tmp_path / "r.db"
+    p = cli([str(model), "--dim", "batch=4", "--max-tasks", "1", "--trials", "2", "--rounds", "1", "--budget-ms", "10",
+             "--db", str(db), "--format", "json"], home, tmp_path)
+    assert p.returncode == 0, p.stderr
+    (w,) = json.loads(p.stdout)["workloads"]
+    assert w["name"].startswith("fused_matmul") and w["verified"] is True and w["trials_measured"] == 2
+    assert w["flops"] >= 2 * 4 * 16 * 8
+    bad = cli([str(model), "--dim", "nope=3", "--trials", "2", "--db", str(db)], home, tmp_path, timeout=120)
+    assert "not a dynamic dimension" in one_line_error(bad, 2)

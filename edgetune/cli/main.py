@@ -5,11 +5,12 @@ from __future__ import annotations
 import typer
 
 from edgetune import __version__
-from edgetune.cli import bench, db, devices, report, tune, verify
+from edgetune.cli import bench, db, devices, kernels, report, tune, verify
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Tune ML inference on the device it ships on: verified, measured honestly, reproducible.")
 app.command("tune")(tune.tune_cmd)
+app.command("tune-kernels")(kernels.tune_kernels_cmd)
 app.command("bench")(bench.bench_cmd)
 app.command("verify")(verify.verify_cmd)
 app.command("report")(report.report_cmd)

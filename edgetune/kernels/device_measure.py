@@ -28,7 +28,7 @@ from edgetune.agent.host import AgentClient, AgentInfo, Job, JobResult
 from edgetune.devices.inventory import DeviceSpec, fingerprint_key
 from edgetune.errors import DeviceError, UserInputError
 from edgetune.kernels.search import KernelRun
-from edgetune.kernels.targets import KernelTarget, host_target, load_target, refine_from_cpuinfo
+from edgetune.kernels.targets import KernelTarget, cpuinfo_features, host_target, load_target, refine_from_cpuinfo
 from edgetune.kernels.workloads import TensorSpec
 
 KERNEL_WORKDIR_SUFFIX = "-kernels"
@@ -236,18 +236,22 @@ def _cpuinfo_model(cpuinfo: str) -> str | None:
     return None
 
 
-def _local_model() -> str | None:
+def _local_cpuinfo() -> str:
     try:
-        return _cpuinfo_model(Path("/proc/cpuinfo").read_text())
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return None
+        return ""
+
+
+def _local_model() -> str | None:
+    return _cpuinfo_model(_local_cpuinfo())
 
 
 def device_kernel_target(info: AgentInfo, cpuinfo: str = "") -> KernelTarget:
     """The KernelTarget (TVM target, cross compiler, peak) of the device ``info`` describes.
 
-    * x86-64 with this host's CPU model (local, or a sandbox on this machine): ``host_target()``
-      (its ``mcpu`` is the host's), with the device's core count.
+    * x86-64 with this host's CPU model and ISA flags (local, or a sandbox on this machine):
+      ``host_target()`` (its ``mcpu`` is the host's), with the device's core count.
     * other x86-64: host-x86_64.toml refined from the device's cpuinfo (no ``mcpu``: generic).
     * aarch64: linux-aarch64.toml (android-arm64.toml when the OS is Android) refined from the
       device's cpuinfo ``Features``; the TOML's ``+neon`` stays when the features are unreadable.
@@ -261,6 +265,8 @@ def device_kernel_target(info: AgentInfo, cpuinfo: str = "") -> KernelTarget:
     if arch == "x86_64":
         model = _cpuinfo_model(cpuinfo) if cpuinfo else None
         same_cpu = (model or fp.get("cpu_model")) == _local_model()
+        if same_cpu and cpuinfo:  # same model name is not enough: a hypervisor may mask features
+            same_cpu = cpuinfo_features(cpuinfo, "x86_64") == cpuinfo_features(_local_cpuinfo(), "x86_64")
         if same_cpu:
             t = host_target()
             if cores:

@@ -160,3 +160,24 @@ def test_tune_kernels_of_a_model(tmp_path):
     assert w["flops"] >= 2 * 4 * 16 * 8
     bad = cli([str(model), "--dim", "nope=3", "--trials", "2", "--db", str(db)], home, tmp_path, timeout=120)
     assert "not a dynamic dimension" in one_line_error(bad, 2)
+
+
+def test_device_target_from_what_the_device_reports():
+    from edgetune.agent.host import AgentInfo
+    from edgetune.kernels.device_measure import _foreign_cpuinfo, device_target
+
+    fp = {"cpu_model": "implementer 0x41 part 0xd0b", "cores": 8, "max_freq_khz": [1800000, 2400000], "os": "Debian"}
+    board = AgentInfo("native", "1", "aarch64", None, {}, fp)
+    cpuinfo = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes asimddp asimdhp i8mm\nCPU part\t: 0xd0b\n"
+    target, cc = device_target(board, cpuinfo)
+    assert target["mtriple"] == "aarch64-linux-gnu" and cc == "aarch64-linux-gnu-gcc"
+    assert target["num-cores"] == 8 and {"+neon", "+dotprod", "+i8mm", "+fullfp16"} <= set(target["mattr"])
+    phone = AgentInfo("native", "1", "aarch64", None, {}, {**fp, "os": "Android 14 (x)"})
+    target, cc = device_target(phone, cpuinfo)
+    assert target["mtriple"] == "aarch64-linux-android" and "android" in cc
+    # an aarch64 agent that reads an x86 cpuinfo runs under qemu-user: its timings are emulated
+    assert _foreign_cpuinfo("aarch64", "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t: fpu sse\n")
+    assert _foreign_cpuinfo("aarch64", cpuinfo) is None and _foreign_cpuinfo("x86_64", "GenuineIntel") is None
+    remote_x86 = AgentInfo("native", "1", "x86_64", None, {}, {"cpu_model": "Other CPU", "cores": 3})
+    target, cc = device_target(remote_x86, "processor\t: 0\nmodel name\t: Other CPU\nflags\t: fpu sse4_2 avx avx2 fma\n")
+    assert cc is None and target["num-cores"] == 3 and "mcpu" not in target and "+avx2" in target["mattr"]

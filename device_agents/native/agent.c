@@ -227,6 +227,10 @@ static void write_fingerprint(sbuf* o) {
   sb_str(o, os);
   sb_raw(o, ",\"governor\":");
   sb_str(o, gov && gov[0] ? gov : NULL);
+  /* a board whose binaries run under emulation says so: its timings are never compared */
+  const char* emu = getenv("EDGETUNE_EMULATED");
+  sb_raw(o, ",\"emulated\":");
+  sb_str(o, emu && emu[0] ? emu : NULL);
   sb_raw(o, "}");
   free(gov);
 }

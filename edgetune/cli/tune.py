@@ -19,7 +19,10 @@ def tune_cmd(
     sweep: List[str] = typer.Option([], "--sweep", help="tune per shape: --sweep batch=1,4,16 --sweep seq=32,128"),
     dim: List[str] = DimOpt,
     input: List[str] = typer.Option([], "--input", help="user input data: --input name=file.npy (verified too)"),
-    space: str = typer.Option("ort,tflite,tvm-relax", "--space", help="candidate spaces to search"),
+    space: str = typer.Option("ort,tflite,tvm-relax", "--space",
+                              help="candidate spaces: ort, tflite, tvm-relax, tvm-tuned (with --tvm-trials)"),
+    tvm_trials: int = typer.Option(0, "--tvm-trials", min=0,
+                                   help="MetaSchedule trials for the tvm-tuned candidate (adds 'tvm-tuned' to --space)"),
     adapter: List[str] = typer.Option([], "--adapter", help="a Python runtime adapter .py to add as a candidate"),
     rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved measuring rounds for the finalists"),
     finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),
@@ -32,11 +35,11 @@ def tune_cmd(
 ) -> None:
     """Tune MODEL on one or more devices: every candidate verified, speedups with 95% CIs."""
     run_guarded(_tune, model, device, budget, sweep, dim, input, space, adapter, rounds, finalists, max_candidates,
-                timeout, fresh, report_dir, db, fmt)
+                timeout, fresh, report_dir, db, fmt, tvm_trials)
 
 
 def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
-          fresh, report_dir, db, fmt):
+          fresh, report_dir, db, fmt, tvm_trials=0):
     from edgetune.api import resolve_model
     from edgetune.errors import UserInputError
     from edgetune.report import markdown, report_dict, write_atomic
@@ -46,6 +49,8 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     from edgetune.cli.tables import run_tables
 
     spaces = tuple(s.strip() for s in space.split(",") if s.strip())
+    if tvm_trials > 0 and "tvm-tuned" not in spaces:
+        spaces += ("tvm-tuned",)
     bad = [s for s in spaces if s not in SPACES]
     if bad:
         raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")
@@ -56,7 +61,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
         cand, sp = adapter_candidate(a)
         extra.append((cand, sp))
     cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
-                     max_candidates=max_candidates, fresh=fresh, extra=[])
+                     max_candidates=max_candidates, fresh=fresh, extra=[], tvm_trials=tvm_trials)
     # adapters are prepared by their space like any other candidate
     cfg.extra = [(c, s) for c, s in extra]  # type: ignore[misc]
     command = "edgetune " + " ".join(sys.argv[1:]) if sys.argv and "edgetune" in sys.argv[0] else ""

@@ -143,3 +143,17 @@ def test_tvm_relax_build_is_a_verified_candidate(tiny_model, tmp_path):
     tvm_rows = [c for c in s.candidates if c.candidate.backend == "tvm-relax"]
     assert tvm_rows and all(c.status == "verified" for c in tvm_rows), [c.reason for c in tvm_rows]
     assert all(c.vs_default is not None for c in tvm_rows)  # compared with onnxruntime in the same run
+
+
+def test_tvm_tuned_candidate_is_tuned_verified_and_compared(tiny_model, tmp_path):
+    import importlib.util
+
+    from tests.conftest import require
+
+    require(importlib.util.find_spec("tvm") is not None, "apache-tvm not installed")
+    out = tune(tiny_model, ["local"], db=tmp_path / "t.db",
+               config=_cfg(spaces=("ort", "tvm-tuned"), max_candidates=1, tvm_trials=4, timeout_s=60))
+    s = out.devices[0].summary.shapes[0]
+    tuned = [c for c in s.candidates if c.candidate.backend == "tvm-tuned"]
+    assert tuned and all(c.status == "verified" for c in tuned), [c.reason for c in tuned]
+    assert all(c.vs_default is not None and c.max_rel_err <= 1e-4 for c in tuned)

@@ -191,7 +191,8 @@ class DeviceTuner:
                     prepared[k] = space
                 else:
                     try:
-                        prepared[k] = space.prepare(cand, wl, info, self.cache_dir)
+                        extra = {"spec": self.spec} if getattr(space, "wants_spec", False) else {}
+                        prepared[k] = space.prepare(cand, wl, info, self.cache_dir, **extra)
                     except BuildFailed as exc:
                         prepared[k] = f"build failed: {exc}"
             return prepared[k]

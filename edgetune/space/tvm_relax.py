@@ -50,6 +50,7 @@ def device_target(info: AgentInfo) -> tuple[dict, str | None]:
 
 class TvmRelaxSpace:
     name = "tvm-relax"
+    wants_spec = True  # tvm-tuned measures kernels on the device itself
 
     def __init__(self, tuned: bool = False):
         self.tuned = tuned
@@ -71,7 +72,8 @@ class TvmRelaxSpace:
         params = {"trials": trials} if self.tuned else {}
         return [Candidate.make(self.backend, {**params, "num_threads": n}) for n in thread_counts(cores)]
 
-    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
+    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path,
+                spec=None) -> Prepared:
         from edgetune.build.tvm_relax import build_relax_model, tune_relax_model
 
         target, cross_cc = device_target(info)
@@ -88,30 +90,24 @@ class TvmRelaxSpace:
         cache_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.tuned:
+                # kernels are measured (and verified) where the model will run: on this device's
+                # native agent; only the host itself may use the in-process local measurer
                 measure = None
-                if info.fingerprint_key != _local_fingerprint_key():
-                    raise BuildFailed("tvm-tuned needs kernel measurement on the device: use "
-                                      "'edgetune tune-kernels MODEL --device D' first, then re-run")
-                tune_relax_model(workload.model.path, shapes, target, trials, cache_dir / "tuning-db", measure,
-                                 fingerprint=info.fingerprint_key, out_path=out, cross_cc=cross_cc)
+                if spec is not None and spec.kind != "local":
+                    from edgetune.kernels.device_measure import DeviceMeasure
+
+                    measure = DeviceMeasure(spec)
+                try:
+                    tune_relax_model(workload.model.path, shapes, target, trials, cache_dir / "tuning-db", measure,
+                                     fingerprint=info.fingerprint_key, out_path=out, cross_cc=cross_cc)
+                finally:
+                    if measure is not None:
+                        measure.close()
             else:
                 build_relax_model(workload.model.path, shapes, target, out, cross_cc=cross_cc)
         except EdgetuneError as exc:
             raise BuildFailed(str(exc).splitlines()[0][:300]) from exc
         return Prepared("tvm-relax", out, run_params)
-
-
-def _local_fingerprint_key() -> str:
-    from edgetune.agent.host import AgentClient
-    from edgetune.devices.inventory import DeviceSpec
-
-    global _LOCAL_FP
-    if _LOCAL_FP is None:
-        _LOCAL_FP = AgentClient(DeviceSpec("local", "local", {})).provision().fingerprint_key
-    return _LOCAL_FP
-
-
-_LOCAL_FP: str | None = None
 
 SPACE = TvmRelaxSpace()
 TUNED = TvmRelaxSpace(tuned=True)

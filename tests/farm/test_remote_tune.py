@@ -128,3 +128,21 @@ def test_phone_dying_mid_run_is_marked_down_and_run_resumes(adb_farm, tiny, tmp_
     assert d.status == "complete", d.error
     assert d.run_id == by["phone"].run_id and d.resumed
     assert d.jobs_skipped == len(phone_records)
+
+
+def test_tvm_tuned_over_ssh_measures_kernels_on_the_device(ssh_farm, tiny, tmp_path):
+    import importlib.util
+
+    from tests.conftest import require
+
+    require(importlib.util.find_spec("tvm") is not None, "apache-tvm not installed")
+    inv = _inventory(tmp_path, ssh_farm=ssh_farm)
+    out = tune(tiny, ["board"], db=tmp_path / "t.db", inventory=inv,
+               config=_cfg(spaces=("ort", "tvm-tuned"), max_candidates=1, tvm_trials=3, timeout_s=60))
+    dev = out.devices[0]
+    assert dev.status == "complete", dev.error
+    tuned = [c for c in dev.summary.shapes[0].candidates if c.candidate.backend == "tvm-tuned"]
+    assert tuned and all(c.status == "verified" for c in tuned), [c.reason for c in tuned]
+    # the tuning records are keyed by THIS device's fingerprint
+    dbs = list((tmp_path / "home" / "artifacts" / "tuning-db").glob("*"))
+    assert dbs, "no tuning database written"

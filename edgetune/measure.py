@@ -18,6 +18,12 @@ BOOTSTRAP_SEED = 20261129
 _CHUNK_ELEMS = 4_000_000  # bound the bootstrap's memory: resamples x n per chunk
 
 
+def _cover(value: float, lo: float, hi: float) -> tuple[float, float]:
+    """A percentile-bootstrap interval of a median can miss the point estimate itself when the
+    resampled medians are lumpy (few rounds, ties): widen it to include the estimate (conservative)."""
+    return min(lo, value), max(hi, value)
+
+
 def iterations_for_budget(budget_ms: float, estimate_ns: float, min_iters: int = 3, max_iters: int = 100_000) -> int:
     """Turn a millisecond budget into an iteration count from a per-iteration estimate."""
     if estimate_ns <= 0 or not math.isfinite(estimate_ns):
@@ -85,7 +91,7 @@ def summarize(samples: Sequence[float] | np.ndarray, resamples: int = BOOTSTRAP_
     else:
         rng = np.random.default_rng(BOOTSTRAP_SEED)
         meds = _bootstrap_medians(arr, rng, resamples)
-        lo, hi = (float(v) for v in np.percentile(meds, [2.5, 97.5]))
+        lo, hi = _cover(med, *(float(v) for v in np.percentile(meds, [2.5, 97.5])))
     mean = float(arr.mean())
     cv = float(arr.std(ddof=1) / mean) if arr.size > 1 and mean > 0 else 0.0
     return Stats(
@@ -132,7 +138,7 @@ def speedup(baseline: Sequence[float] | np.ndarray, candidate: Sequence[float] |
     mc = _bootstrap_medians(c, rng, resamples)
     ratios = mb / mc
     lo, hi = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
-    return Ratio(value, lo, hi)
+    return Ratio(value, *_cover(value, lo, hi))
 
 
 _GROUP_CAP = 1000  # samples kept per round for the grouped bootstrap (bounds its cost)
@@ -171,7 +177,7 @@ def grouped_speedup(pairs: Sequence[tuple[np.ndarray, np.ndarray]], resamples: i
         cc = np.concatenate([cs[p][rng.integers(0, cs[p].size, size=cs[p].size)] for p in picks])
         ratios[i] = np.median(bb) / np.median(cc)
     lo, hi = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
-    return Ratio(value, lo, hi)
+    return Ratio(value, *_cover(value, lo, hi))
 
 
 def grouped_median_ci(groups: Sequence[np.ndarray], resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:

@@ -115,7 +115,7 @@ def _summarize_shape(rows: list[RecordRow], emulated: bool) -> ShapeSummary:
         groups = [r.samples_ns for r in use if r.samples_ns.size]
         if stats is not None and len(groups) > 1:
             lo, hi = grouped_median_ci(groups, resamples=500)
-            stats = replace(stats, ci_low_ns=lo, ci_high_ns=hi)
+            stats = replace(stats, ci_low_ns=min(lo, stats.median_ns), ci_high_ns=max(hi, stats.median_ns))
         cands.append(CandidateSummary(cand, status, reason, phase, rounds, stats,
                                       max(errs_abs) if errs_abs else None, max(errs_rel) if errs_rel else None,
                                       samples=samples))

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from edgetune.errors import MissingExtra, ModelError, UserInputError
+from edgetune.hashing import sha256_file
 
 N_SEEDED_INPUTS = 3
 _ONNX_DTYPES = {
@@ -74,14 +75,6 @@ class Model:
         return self.path.stem
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_model(path: str | os.PathLike) -> Model:
     p = Path(path)
     if not p.exists():
@@ -124,7 +117,7 @@ def _load_onnx(p: Path) -> Model:
         dims = tuple(d if isinstance(d, int) else (d if isinstance(d, str) and d else None) for d in a.shape)
         return TensorSpec(a.name, dtype, dims)
 
-    return Model(p.resolve(), "onnx", _sha256_file(p), tuple(spec(a) for a in sess.get_inputs()),
+    return Model(p.resolve(), "onnx", sha256_file(p), tuple(spec(a) for a in sess.get_inputs()),
                  tuple(spec(a) for a in sess.get_outputs()))
 
 
@@ -159,7 +152,7 @@ def _load_tflite(p: Path) -> Model:
         dims = tuple(int(x) if x >= 0 else None for x in sig)
         return TensorSpec(d["name"], np.dtype(d["dtype"]).name, dims)
 
-    return Model(p.resolve(), "tflite", _sha256_file(p), tuple(spec(d) for d in interp.get_input_details()),
+    return Model(p.resolve(), "tflite", sha256_file(p), tuple(spec(d) for d in interp.get_input_details()),
                  tuple(spec(d) for d in interp.get_output_details()))
 
 

@@ -26,18 +26,11 @@ import numpy as np
 from edgetune.devices.base import Completed, Transport
 from edgetune.devices.inventory import DeviceSpec, fingerprint_key, open_transport
 from edgetune.errors import DeviceError, DeviceUnreachable
+from edgetune.hashing import sha256_file
 
 PROTOCOL = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_AGENT = REPO_ROOT / "device_agents" / "python" / "edgetune_agent.py"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from edgetune.hashing import sha256_file  # noqa: F401  (re-exported)
 from edgetune.errors import ToolchainError
 
 AGENT_SRC = Path(__file__).resolve().parents[2] / "device_agents" / "native"
@@ -148,14 +149,6 @@ def source_hash() -> str:
 
 def agent_version() -> str:
     return f"{(AGENT_SRC / 'VERSION').read_text().strip()}+src.{source_hash()[:12]}"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

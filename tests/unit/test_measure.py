@@ -61,3 +61,16 @@ def test_grouped_speedup_widens_ci_when_rounds_disagree():
     grouped = grouped_speedup(flip, resamples=300)
     assert grouped.ci_high - grouped.ci_low > pooled.ci_high - pooled.ci_low
     assert grouped.verdict == "no significant difference"
+
+
+def test_intervals_always_cover_their_point_estimate():
+    rng = np.random.default_rng(9)
+    for trial in range(30):
+        # two lumpy rounds with many ties: the case where percentile intervals can miss the estimate
+        pairs = [(np.round(rng.normal(1e6, 3e5, 7), -5), np.round(rng.normal(6e5, 2e5, 5), -5) + 1e5)
+                 for _ in range(2)]
+        pairs = [(np.abs(b) + 1, np.abs(c) + 1) for b, c in pairs]
+        r = grouped_speedup(pairs, resamples=200)
+        assert r.ci_low <= r.value <= r.ci_high
+        s = summarize(np.concatenate([b for b, _ in pairs]), resamples=200)
+        assert s.ci_low_ns <= s.median_ns <= s.ci_high_ns

@@ -105,7 +105,7 @@ def main() -> int:
         for c in clients.values():
             c.close()
 
-        print(f"\n# farm throughput: each device runs {args.jobs} jobs of {args.budget_ms:g} ms timed budget, "
+        print(f"\nFarm throughput: each device runs {args.jobs} jobs of {args.budget_ms:g} ms timed budget, "
               f"devices in parallel (ssh, Python agent, intra_op_num_threads=1)")
         import threading
 

@@ -62,7 +62,8 @@ def main() -> int:
             store.close()
     print()
     print("Per-candidate overhead of the agent path (median over every verified job of the runs above):")
-    print("| device | model | jobs | total overhead ms | transfer + job setup ms | agent process (start, load, verification runs, warm-up) ms | candidate's own timed runs ms |")
+    print()
+    print("| device | model | jobs | total overhead ms | host side (set-up, transport, parsing) ms | agent process (start, load, verification runs, warm-up) ms | candidate's own timed runs ms |")
     print("|---|---|---|---|---|---|---|")
     keys = sorted({(r[0], r[1]) for r in overhead_rows})
     for dev, name in keys:

@@ -13,7 +13,7 @@ from edgetune.cli.common import DbOpt, run_guarded
 
 def report_cmd(
     run: List[str] = typer.Option([], "--run", help="run id(s); default: the latest run of each device"),
-    fmt: str = typer.Option("md", "--format", "-f", help="md or json"),
+    fmt: str = typer.Option("md", "--format", "-f", help="md, json or html (charts of medians with 95% CIs)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="write to a file instead of stdout"),
     db: Optional[str] = DbOpt,
 ) -> None:
@@ -27,8 +27,8 @@ def _report(runs, fmt, out, db):
     from edgetune.report import markdown, report_dict, write_atomic
     from edgetune.results import summarize_run
 
-    if fmt not in ("md", "json"):
-        raise UserInputError(f"--format must be md or json, not {fmt}")
+    if fmt not in ("md", "json", "html"):
+        raise UserInputError(f"--format must be md, json or html, not {fmt}")
     store = Store(db, create=False) if db else Store(create=False)
     try:
         ids = list(runs)
@@ -43,7 +43,14 @@ def _report(runs, fmt, out, db):
         rep = report_dict([summarize_run(store, i) for i in ids])
     finally:
         store.close()
-    text = json.dumps(rep, indent=2, default=str) + "\n" if fmt == "json" else markdown(rep)
+    if fmt == "json":
+        text = json.dumps(rep, indent=2, default=str) + "\n"
+    elif fmt == "html":
+        from edgetune.report.html import render
+
+        text = render(rep)
+    else:
+        text = markdown(rep)
     if out:
         write_atomic(out, text)
     else:

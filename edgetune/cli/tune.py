@@ -29,7 +29,7 @@ def tune_cmd(
     max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="cap per space (quick runs)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a candidate counts as hung"),
     fresh: bool = typer.Option(False, "--fresh", help="start a new run instead of resuming an identical one"),
-    report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="also write report.md and report.json here"),
+    report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="also write report.md, report.json and report.html here"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
 ) -> None:
@@ -99,6 +99,9 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     if report_dir is not None:
         write_atomic(report_dir / "report.json", __import__("json").dumps(rep, indent=2, default=str))
         write_atomic(report_dir / "report.md", markdown(rep))
+        from edgetune.report.html import render
+
+        write_atomic(report_dir / "report.html", render(rep))
     if fmt == Format.json:
         emit_json(rep)
     else:
@@ -112,6 +115,6 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
             else:
                 console.print(f"{d.device}: run {d.run_id} complete, {d.jobs_run} jobs run{note}", highlight=False)
         if report_dir is not None:
-            console.print(f"report written to {report_dir / 'report.md'} and {report_dir / 'report.json'}")
+            console.print(f"report written to {report_dir}/report.md, report.json and report.html")
     if any(d.status != "complete" for d in outcome.devices):
         raise typer.Exit(3)

@@ -112,6 +112,18 @@ def test_tune_json_then_bench_verify_db_report(tiny_model, tmp_path, home):
     assert "fingerprint" in md and "versions" in md and "command: `edgetune" not in md or True
     p = run(["report", "--db", str(db), "--format", "json"], home)
     assert json.loads(p.stdout)["schema"] == "edgetune.report/1"
+    p = run(["report", "--db", str(db), "--format", "html", "--out", str(tmp_path / "r.html")], home)
+    assert p.returncode == 0, p.stderr
+    page = (tmp_path / "r.html").read_text()
+    import re
+    import xml.etree.ElementTree as ET
+
+    svgs = re.findall(r"<svg.*?</svg>", page, flags=re.S)
+    assert len(svgs) == 2  # one chart per shape (batch 1 and 3)
+    for svg in svgs:
+        root = ET.fromstring(svg)  # well-formed
+        assert len(root.findall("{*}rect") or root.findall("rect")) >= 1
+    assert best in page and "95% CI" in page
 
 
 def test_table_output_shows_status_latency_and_speedup(tiny_model, tmp_path, home, adapters):

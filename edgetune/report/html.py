@@ -1,0 +1,80 @@
+"""Self-contained HTML report: the Markdown report's tables plus, per shape, an inline SVG chart of
+every verified candidate's median latency with its 95% CI (no scripts, no external assets)."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}
+th{background:#f3f3f3}.failed{color:#b00}.best{font-weight:bold}code{font-size:12px}
+.meta{font-size:13px;color:#444}svg text{font-size:11px;font-family:system-ui,sans-serif}"""
+
+
+def _chart(shape: dict[str, Any]) -> str:
+    rows = [c for c in shape["candidates"] if c["status"] == "verified" and c["stats"]]
+    if not rows:
+        return "<p>No verified candidate.</p>"
+    rows = rows[:25]
+    hi = max(c["stats"]["ci95_ms"][1] for c in rows) or 1.0
+    left, width, bar_h, gap = 330, 520, 14, 6
+    height = len(rows) * (bar_h + gap) + 30
+    out = [f'<svg width="{left + width + 90}" height="{height}" role="img" '
+           f'aria-label="median latency with 95% CI per candidate">']
+    for i, c in enumerate(rows):
+        y = 10 + i * (bar_h + gap)
+        med, (lo, up) = c["stats"]["median_ms"], c["stats"]["ci95_ms"]
+        x = lambda v: left + width * v / hi  # noqa: E731
+        color = "#2a7" if c["candidate"]["key"] == shape["best"] else ("#68a" if c["candidate"]["baseline"] else "#99b")
+        label = html.escape(c["label"][:52])
+        out.append(f'<text x="{left - 6}" y="{y + bar_h - 3}" text-anchor="end">{label}</text>')
+        out.append(f'<rect x="{left}" y="{y}" width="{max(1.0, x(med) - left):.1f}" height="{bar_h}" fill="{color}"/>')
+        out.append(f'<line x1="{x(lo):.1f}" x2="{x(up):.1f}" y1="{y + bar_h / 2}" y2="{y + bar_h / 2}" '
+                   f'stroke="#000" stroke-width="1.5"/>')
+        out.append(f'<text x="{x(up) + 4:.1f}" y="{y + bar_h - 3}">{med:.4g} ms</text>')
+    out.append(f'<text x="{left}" y="{height - 4}">0 ms</text>'
+               f'<text x="{left + width}" y="{height - 4}" text-anchor="end">{hi:.4g} ms</text></svg>')
+    return "".join(out)
+
+
+def render(rep: dict[str, Any]) -> str:
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>edgetune report</title><style>{_CSS}</style>"
+             f"</head><body><h1>edgetune report</h1><p class='meta'>schema <code>{e(rep['schema'])}</code>, generated "
+             f"{e(rep['generated'])}. Bars: median latency; whiskers: 95% CI; green: best verified; "
+             f"blue: runtime default baselines.</p>"]
+    for run in rep["runs"]:
+        fp = run["fingerprint"]
+        emu = " — <b>emulated: timings not comparable</b>" if run["emulated"] else ""
+        parts.append(f"<h2>{e(Path(run['model']).name)} on <code>{e(run['device'])}</code></h2>"
+                     f"<p class='meta'>fingerprint <code>{e(run['fingerprint_key'])}</code>: {e(str(fp.get('cpu_model')))}, "
+                     f"{e(str(fp.get('cores')))} cores, {e(str(fp.get('arch', '')))}, kernel {e(str(fp.get('kernel')))}, "
+                     f"{e(str(fp.get('os')))}{emu}<br>versions <code>{e(json.dumps(run['versions'], sort_keys=True))}</code>"
+                     f"<br>command <code>{e(run['config'].get('command') or '')}</code>, run <code>{e(run['run_id'])}</code></p>")
+        for s in run["shapes"]:
+            shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
+            parts.append(f"<h3>{e(shape)}</h3>{_chart(s)}<table><tr><th>candidate</th><th>key</th><th>status</th>"
+                         "<th>median ms</th><th>95% CI ms</th><th>CV</th><th>n</th><th>max rel err</th>"
+                         "<th>speedup vs default [95% CI]</th></tr>")
+            for c in s["candidates"]:
+                st, sp = c["stats"], c["speedup_vs_default"]
+                cls = "best" if c["candidate"]["key"] == s["best"] else ("failed" if c["status"] != "verified" else "")
+                status = e(c["status"] + (f": {c['reason']}" if c["reason"] else ""))
+                err = "—" if c["max_rel_err"] is None else f"{c['max_rel_err']:.1e}"
+                spt = f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] {e(sp['verdict'])}" if sp else "—"
+                if st:
+                    parts.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td><code>{c['candidate']['key']}</code></td>"
+                                 f"<td>{status}</td><td>{st['median_ms']:.4f}</td><td>{st['ci95_ms'][0]:.4f}–"
+                                 f"{st['ci95_ms'][1]:.4f}</td><td>{st['cv']:.2f}</td><td>{st['n']}</td><td>{err}</td>"
+                                 f"<td>{spt}</td></tr>")
+                else:
+                    parts.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td><code>{c['candidate']['key']}</code></td>"
+                                 f"<td>{status}</td><td>—</td><td>—</td><td>—</td><td>0</td><td>{err}</td><td>—</td></tr>")
+            parts.append("</table>")
+    for d in rep.get("devices_down", []):
+        parts.append(f"<p class='failed'>device <code>{e(d['device'])}</code> went down: {e(d['error'])}</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -20,7 +20,7 @@ def _chart(shape: dict[str, Any]) -> str:
         return "<p>No verified candidate.</p>"
     rows = rows[:25]
     hi = max(c["stats"]["ci95_ms"][1] for c in rows) or 1.0
-    left, width, bar_h, gap = 330, 520, 14, 6
+    left, width, bar_h, gap = 400, 520, 14, 6
     height = len(rows) * (bar_h + gap) + 30
     out = [f'<svg width="{left + width + 90}" height="{height}" role="img" '
            f'aria-label="median latency with 95% CI per candidate">']
@@ -29,7 +29,7 @@ def _chart(shape: dict[str, Any]) -> str:
         med, (lo, up) = c["stats"]["median_ms"], c["stats"]["ci95_ms"]
         x = lambda v: left + width * v / hi  # noqa: E731
         color = "#2a7" if c["candidate"]["key"] == shape["best"] else ("#68a" if c["candidate"]["baseline"] else "#99b")
-        label = html.escape(c["label"][:52])
+        label = html.escape(c["label"][:66])
         out.append(f'<text x="{left - 6}" y="{y + bar_h - 3}" text-anchor="end">{label}</text>')
         out.append(f'<rect x="{left}" y="{y}" width="{max(1.0, x(med) - left):.1f}" height="{bar_h}" fill="{color}"/>')
         out.append(f'<line x1="{x(lo):.1f}" x2="{x(up):.1f}" y1="{y + bar_h / 2}" y2="{y + bar_h / 2}" '

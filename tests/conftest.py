@@ -20,3 +20,15 @@ def require(ok: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required test part missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_module(name: str):
+    """Import an optional dependency: skip without it on a developer's machine, fail in CI."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"required module {name} missing in CI: {exc}", pytrace=False)
+        pytest.skip(f"{name} not installed: {exc}", allow_module_level=True)

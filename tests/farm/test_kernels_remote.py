@@ -10,11 +10,13 @@ import shutil
 
 import pytest
 
+from tests.conftest import require_module
+
 from edgetune.db import Store
 from edgetune.devices.inventory import Inventory
 from tests.conftest import require
 
-pytest.importorskip("tvm")
+require_module("tvm")
 
 from edgetune.build.tvm_kernel import elf_machine  # noqa: E402
 from edgetune.kernels.session import KernelSessionConfig, tune_kernels  # noqa: E402

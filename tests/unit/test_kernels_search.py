@@ -8,9 +8,11 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.conftest import require_module
+
 from tests.conftest import require
 
-tvm = pytest.importorskip("tvm")
+tvm = require_module("tvm")
 
 from edgetune.build.tvm_kernel import _HOST_ARCH, build_kernel, compile_module, elf_machine, export_module  # noqa: E402
 from edgetune.kernels.search import (  # noqa: E402

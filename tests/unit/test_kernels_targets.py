@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import require_module
+
 from edgetune.errors import UserInputError
 from edgetune.kernels.targets import cpuinfo_features, list_targets, load_target, refine_from_cpuinfo
 
@@ -27,7 +29,7 @@ A64_CPUINFO = "".join(
 def test_all_bundled_targets_load_and_are_valid_tvm_targets():
     names = list_targets()
     assert {"host-x86_64", "linux-aarch64", "android-arm64", "cuda-sm80", "cuda-sm90"} <= set(names)
-    tvm = pytest.importorskip("tvm")
+    tvm = require_module("tvm")
     for name in names:
         t = load_target(name)
         assert t.name == name and t.arch and t.triple

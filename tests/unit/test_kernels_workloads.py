@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import require_module
+
 from edgetune.errors import UserInputError
 from edgetune.kernels.workloads import (
     Conv2dNCHW,
@@ -13,7 +15,7 @@ from edgetune.kernels.workloads import (
     random_inputs,
 )
 
-tvm = pytest.importorskip("tvm")
+tvm = require_module("tvm")
 
 TINY = [
     "gemm:M=7,N=12,K=5",

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("tvm")
+from tests.conftest import require_module
+
+require_module("tvm")
 
 from edgetune.agent.host import JobResult  # noqa: E402
 from edgetune.kernels.device_measure import array_sha256, job_to_kernel_run, kernel_spec  # noqa: E402

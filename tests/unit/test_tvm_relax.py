@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-tvm = pytest.importorskip("tvm")
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+from tests.conftest import require_module
+
+tvm = require_module("tvm")
+onnx = require_module("onnx")
+ort = require_module("onnxruntime")
 
 from edgetune.errors import ModelError, UserInputError  # noqa: E402
 

@@ -49,7 +49,8 @@ class TuneConfig:
     fresh: bool = False
     retries: int = 3
     tvm_trials: int = 0  # MetaSchedule trials for the tvm-tuned candidate (0: no tvm-tuned)
-    extra: list[tuple[Candidate, Prepared]] = field(default_factory=list)  # e.g. user adapters
+    # candidates beyond the spaces (e.g. user adapters): each with its Space, or an already Prepared artifact
+    extra: list[tuple[Candidate, Any]] = field(default_factory=list)
 
     def key_dict(self) -> dict[str, Any]:
         return {"budget_s": self.budget_s, "rounds": self.rounds, "finalists": self.finalists,
@@ -220,7 +221,7 @@ class DeviceTuner:
                        versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
                        reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state,
                                                        "load_ms": res.load_ms},
-                       samples_ns=res.samples_ns if verdict.ok else res.samples_ns, wall_ms=wall,
+                       samples_ns=res.samples_ns, wall_ms=wall,
                        agent_ms=res.agent_ms)
             self.store.add_record(**rec)
             self.jobs_run += 1

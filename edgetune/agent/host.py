@@ -257,8 +257,6 @@ class AgentClient:
 
     def cleanup(self) -> None:
         """Remove everything edgetune put on the device (the whole work dir)."""
-        if self.spec.kind == "local" and not self.spec.options.get("workdir"):
-            pass
         self._run(["rm", "-rf", self.workdir], timeout=60)
         self._pushed.clear()
         self._info = None

@@ -56,14 +56,10 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
         raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")
     if budget <= 0:
         raise UserInputError("--budget must be positive")
-    extra = []
-    for a in adapters:
-        cand, sp = adapter_candidate(a)
-        extra.append((cand, sp))
-    cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
-                     max_candidates=max_candidates, fresh=fresh, extra=[], tvm_trials=tvm_trials)
     # adapters are prepared by their space like any other candidate
-    cfg.extra = [(c, s) for c, s in extra]  # type: ignore[misc]
+    extra = [adapter_candidate(a) for a in adapters]
+    cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
+                     max_candidates=max_candidates, fresh=fresh, extra=extra, tvm_trials=tvm_trials)
     command = "edgetune " + " ".join(sys.argv[1:]) if sys.argv and "edgetune" in sys.argv[0] else ""
 
     progress = Progress(TextColumn("[bold]{task.fields[device]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -233,10 +233,9 @@ def _windows_nchw(x: np.ndarray, r: int, s: int, stride: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Conv2dNCHW(OpWorkload):
-    """Y[N,K,P,Q] = conv(X[N,C,H,W], W[K,C,R,S]) with square stride and zero padding."""
+class _Conv2d(OpWorkload):
+    """Shape fields, output size and flops shared by the NCHW and NHWC convolutions."""
 
-    op: ClassVar[str] = "conv2d_nchw"
     N: int
     C: int
     H: int
@@ -255,6 +254,16 @@ class Conv2dNCHW(OpWorkload):
     def Q(self) -> int:
         return _conv_out(self.W, self.S, self.stride, self.pad)
 
+    def flops(self) -> int:
+        return 2 * self.N * self.K * self.P * self.Q * self.C * self.R * self.S
+
+
+@dataclass(frozen=True)
+class Conv2dNCHW(_Conv2d):
+    """Y[N,K,P,Q] = conv(X[N,C,H,W], W[K,C,R,S]) with square stride and zero padding."""
+
+    op: ClassVar[str] = "conv2d_nchw"
+
     @property
     def inputs(self):
         return (
@@ -265,9 +274,6 @@ class Conv2dNCHW(OpWorkload):
     @property
     def outputs(self):
         return (TensorSpec("Y", (self.N, self.K, self.P, self.Q), self.dtype),)
-
-    def flops(self) -> int:
-        return 2 * self.N * self.K * self.P * self.Q * self.C * self.R * self.S
 
     def prim_func(self):
         from tvm import te, topi
@@ -293,27 +299,10 @@ class Conv2dNCHW(OpWorkload):
 
 
 @dataclass(frozen=True)
-class Conv2dNHWC(OpWorkload):
+class Conv2dNHWC(_Conv2d):
     """Y[N,P,Q,K] = conv(X[N,H,W,C], W[R,S,C,K]) (HWIO filter, as TFLite-style graphs have)."""
 
     op: ClassVar[str] = "conv2d_nhwc"
-    N: int
-    C: int
-    H: int
-    W: int
-    K: int
-    R: int
-    S: int
-    stride: int = 1
-    pad: int = 0
-
-    @property
-    def P(self) -> int:
-        return _conv_out(self.H, self.R, self.stride, self.pad)
-
-    @property
-    def Q(self) -> int:
-        return _conv_out(self.W, self.S, self.stride, self.pad)
 
     @property
     def inputs(self):
@@ -325,9 +314,6 @@ class Conv2dNHWC(OpWorkload):
     @property
     def outputs(self):
         return (TensorSpec("Y", (self.N, self.P, self.Q, self.K), self.dtype),)
-
-    def flops(self) -> int:
-        return 2 * self.N * self.K * self.P * self.Q * self.C * self.R * self.S
 
     def prim_func(self):
         from tvm import te, topi

@@ -14,28 +14,17 @@ started here is stopped by PID at teardown.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
 from edgetune.devices.adb import AdbTransport
 from tests.conftest import require
-
-_FARM_PATH = Path(__file__).resolve().parents[2] / "tools" / "farm" / "adb_farm.py"
+from tests.farm import load_farm_tool
 
 
 def _load_farm_module():
-    name = "edgetune_tools_adb_farm"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _FARM_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_farm_tool("adb_farm")
 
 
 def adb_transport_for(farm, phone=None, **overrides) -> AdbTransport:

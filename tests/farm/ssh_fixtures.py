@@ -11,27 +11,15 @@ Every process started here is stopped by PID at teardown.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from edgetune.devices.ssh import SshTransport
 from tests.conftest import require
-
-_FARM_PATH = Path(__file__).resolve().parents[2] / "tools" / "farm" / "ssh_farm.py"
+from tests.farm import load_farm_tool
 
 
 def _load_farm_module():
-    name = "edgetune_tools_ssh_farm"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _FARM_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_farm_tool("ssh_farm")
 
 
 def transport_for(info: dict, **overrides) -> SshTransport:

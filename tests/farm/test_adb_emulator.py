@@ -3,6 +3,7 @@ CLI shell v1/v2, push/pull/ls (sync v1 and v2), banner, AUTH refusal, several ph
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import signal
@@ -107,7 +108,12 @@ def test_sigterm_stops_cleanly_and_kills_commands(adb_farm):
             time.sleep(0.05)
         pid = int(open(pidfile).read())
         os.kill(pid, 0)  # same pid namespace: the host can see it
-        phone.proc.send_signal(signal.SIGTERM)
+        # The kernel may hand a process-directed SIGTERM to any thread; aim it at a worker thread,
+        # the case where a main thread parked in accept() used to sleep through it.
+        workers = [int(t) for t in os.listdir(f"/proc/{phone.proc.pid}/task") if int(t) != phone.proc.pid]
+        assert workers, "the emulator serves the shell from worker threads"
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.tgkill(phone.proc.pid, workers[0], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
         assert phone.proc.wait(timeout=10) == 0
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

@@ -52,6 +52,7 @@ import os
 import pty
 import queue
 import secrets
+import selectors
 import shutil
 import signal
 import socket
@@ -1093,10 +1094,17 @@ def main(argv=None) -> int:
     emu = Emulator(args)
     emu.sandbox.setup()  # before any thread: may unshare a user namespace
 
+    # The kernel may hand SIGTERM to any thread, and only the main thread runs Python handlers: a main
+    # thread parked in accept() would then never wake. The C-level handler always writes the signal
+    # number to the wakeup fd, so the main thread waits on that fd and the listening socket together.
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
     stop = threading.Event()
 
     def _on_signal(signum, _frame):
-        raise SystemExit(0)
+        stop.set()
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -1110,16 +1118,31 @@ def main(argv=None) -> int:
     log(f"serial={args.serial} sandbox={emu.sandbox.root} auth={'on' if emu.require_auth else 'off'} "
         f"mountns={emu.sandbox.mountns} shell_uid={emu.sandbox.shell_uid}")
     print(f"READY {port}", flush=True)
+    lsock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(lsock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
     try:
         while not stop.is_set():
-            sock, peer = lsock.accept()
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(emu, sock, peer)
-            emu.conns.add(conn)
-            threading.Thread(target=conn.serve, name=f"conn-{peer[1]}", daemon=True).start()
-    except SystemExit:
-        pass
+            for key, _ in sel.select():
+                if key.fileobj is wake_r:
+                    try:
+                        wake_r.recv(64)  # drained; the handler (run by now) has set `stop`
+                    except BlockingIOError:
+                        pass
+                    continue
+                try:
+                    sock, peer = lsock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                sock.setblocking(True)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = Connection(emu, sock, peer)
+                emu.conns.add(conn)
+                threading.Thread(target=conn.serve, name=f"conn-{peer[1]}", daemon=True).start()
     finally:
+        sel.close()
+        signal.set_wakeup_fd(-1)
         lsock.close()
         for c in list(emu.conns):
             try:

@@ -161,34 +161,51 @@ def tune_relax_model(
     cross_cc: str | None = None,
     progress_cb: Callable[[str, int, float], None] | None = None,
     seed: int = 0,
+    allocation: str = "weighted",
 ) -> RelaxTuneOutcome:
-    """Tune every compute kernel of the model (``trials`` in total, split evenly over the kernels
-    that do arithmetic; pure data movement such as reshape keeps its default schedule), then build
-    with the database applied ("tvm-tuned"). ``progress_cb(task_name, trials_done, best_gflops)``.
+    """Tune every compute kernel of the model (``trials`` in total; pure data movement such as
+    reshape keeps its default schedule), then build with the database applied ("tvm-tuned").
+
+    Trials are shared by ``edgetune.kernels.allocate.TrialAllocator``: half evenly, the rest in
+    chunks to whichever kernel costs the model the most time (weight × best latency so far);
+    ``allocation="even"`` splits them evenly instead (tools/bench/bench_model_tuning.py compares).
+    Each call asks ``tune_workload`` for a cumulative count, so records already in the database
+    count and a rerun measures nothing new. ``progress_cb(task_name, trials_done, best_gflops)``.
     """
+    from edgetune.kernels.allocate import TrialAllocator
     from edgetune.kernels.search import LocalMeasure, database_dir, default_measure, tune_workload
     from edgetune.kernels.workloads import extract_onnx_tasks
 
     tgt = as_tvm_target(target)
     tasks = extract_onnx_tasks(onnx_path, input_shapes, tgt)
-    compute = [t for t in tasks if t.flops() > 0]
-    per_task = max(1, trials // max(1, len(compute))) if trials > 0 else 0
+    # keyed by position: task names are unique in practice, but nothing here depends on it
+    compute = {f"{i}:{t.name}": t for i, t in enumerate(tasks) if t.flops() > 0}
+    if allocation not in ("weighted", "even"):
+        raise ValueError(f"allocation must be 'weighted' or 'even', got {allocation!r}")
+    alloc = TrialAllocator({name: max(1, t.weight) for name, t in compute.items()}, max(0, trials),
+                           first_share=1.0 if allocation == "even" else 0.5)
     own = measure is None
-    if own:
+    if own and compute and trials > 0:
         measure = default_measure(tgt)
-    results = []
+    latest: dict[str, object] = {}
+
+    def run(name: str, target_trials: int) -> None:
+        task = compute[name]
+        cb = (lambda n, g, _name=task.name: progress_cb(_name, n, g)) if progress_cb else None
+        outcome = tune_workload(task, tgt, target_trials, measure, db_dir, cb, fingerprint=fingerprint,
+                                cross_cc=cross_cc, seed=seed, search_seed=seed + target_trials)
+        latest[name] = outcome
+        alloc.report(name, outcome.best_latency_ns if outcome.verified else None)
+
     try:
-        for task in tasks:
-            if task not in compute or per_task == 0:
-                results.append((task, None))
-                continue
-            cb = (lambda n, g, _name=task.name: progress_cb(_name, n, g)) if progress_cb else None
-            outcome = tune_workload(task, tgt, per_task, measure, db_dir, cb, fingerprint=fingerprint,
-                                    cross_cc=cross_cc, seed=seed)
-            results.append((task, outcome))
+        for name, target_trials in alloc.first_round().items():
+            run(name, target_trials)
+        while (step := alloc.next_chunk()) is not None:
+            run(*step)
     finally:
         if own and isinstance(measure, LocalMeasure):
             measure.close()
+    results = [(t, latest.get(f"{i}:{t.name}")) for i, t in enumerate(tasks)]
     db_path = database_dir(db_dir, fingerprint, tgt)
     out = Path(out_path) if out_path else db_path / "models" / f"{Path(onnx_path).stem}-tuned.so"
     info: dict = {}

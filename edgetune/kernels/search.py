@@ -547,6 +547,7 @@ def tune_workload(
     rtol: float = 1e-4,
     num_trials_per_iter: int = 64,
     strategy=None,
+    search_seed: int | None = None,
     builder_workers: int | None = None,
     build_timeout_s: float = 60.0,
 ) -> TuneOutcome:
@@ -559,6 +560,8 @@ def tune_workload(
       LocalMeasure (only for targets this host runs).
     * ``db_dir``: root of the tuning databases; records go to ``database_dir(db_dir, fingerprint, target)``.
     * ``progress_cb(trials_done, best_gflops_so_far)`` after every measured candidate.
+    * ``seed``: the verification inputs; ``search_seed`` (default ``seed``): MetaSchedule's own
+      sampling, varied by callers that tune one workload in several calls.
 
     The best valid record is rebuilt, exported to ``export_path`` (default: under the database
     dir), and measured again on a second seeded input set; only if that verifies is it reported.
@@ -597,7 +600,7 @@ def tune_workload(
             ms.tune_tir(
                 mod, tgt, str(db_path / "logs"), max_trials_global=remaining,
                 num_trials_per_iter=max(1, min(num_trials_per_iter, remaining)),
-                builder=builder, runner=runner, database=db, seed=seed,
+                builder=builder, runner=runner, database=db, seed=seed if search_seed is None else search_seed,
                 strategy=strategy if strategy is not None else search_strategy(remaining),
                 num_tuning_cores=builder_workers or _num_cores(tgt),
             )

@@ -6,7 +6,10 @@ budget), then hands out the rest in chunks, each to the kernel that currently co
 most time: ``weight × best latency`` (weight = calls per model run), halved for every chunk that
 did not improve that kernel by at least ``min_gain`` (a converged or memory-bound kernel stops
 soaking up trials). It is the idea of MetaSchedule's gradient task scheduler, kept outside TVM so
-that every trial still goes through edgetune's verified measurement.
+that every trial still goes through edgetune's verified measurement. ``first_share=1.0`` is the
+even split (the remainder, fewer trials than kernels, goes to the slowest kernel), which is what
+``tune_relax_model`` uses by default: at 256 trials on the bundled MobileNet the weighted share did
+not beat it (tools/bench/bench_model_tuning.py; see the README).
 
 Pure bookkeeping (no TVM): ``first_round()`` gives the cumulative targets of the first slice;
 after each tuning call, ``report(name, best_latency_ns)``; ``next_chunk()`` returns

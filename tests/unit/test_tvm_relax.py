@@ -84,6 +84,8 @@ def test_tuned_build_applies_records_and_matches_onnxruntime(tiny_onnx, tmp_path
     tuned = [(t.name, o) for t, o in out.tasks if o is not None]
     assert {name for name, _ in tuned} >= {"fused_conv2d_add_relu"}
     assert all(o.verified for _, o in tuned)
+    measured = sum(o.trials_measured + o.reused_records for _, o in tuned)  # fresh db: all records
+    assert 0 < measured <= 8  # the model's budget, shared among its kernels, never exceeded
     assert out.tuned_functions == len(tuned)  # every tuned task's record was applied in the build
     x = np.random.default_rng(7).standard_normal((1, 3, 6, 6)).astype(np.float32)
     assert _close(_run_vm(out.artifact_path, x), _ort(tiny_onnx, x))

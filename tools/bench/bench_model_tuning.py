@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How a model's trial budget is shared: even split vs edgetune's time-weighted allocation.
+"""How a model's trial budget is shared: even split (the default) vs time-weighted allocation.
 
     PYTHONPATH=. .venv/bin/python tools/bench/bench_model_tuning.py --model mobilenet --trials 256
 

@@ -37,7 +37,7 @@ def _load_cuda_runtime(tvm):
     print("cuda exists:", tvm.cuda(0).exist)
 
 
-def _use_host_built_binaries(tvm, src):
+def _use_host_built_binaries(tvm, kdir):
     """TVM compiles a library's CUDA source when it is loaded: answer with the fatbin nvcc built on
     the host for that exact source (sha256), so nothing is compiled on this machine."""
     import hashlib
@@ -47,7 +47,7 @@ def _use_host_built_binaries(tvm, src):
     @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
     def _compile(code, *rest):
         digest = hashlib.sha256(code.encode()).hexdigest()
-        path = os.path.join(src, "kernels", digest + ".fatbin")
+        path = os.path.join(kdir, digest + ".fatbin")
         if not os.path.exists(path):
             raise RuntimeError("no host-built fatbin for this CUDA source (%s)" % digest[:12])
         return open(path, "rb").read()
@@ -57,7 +57,7 @@ def main(src, out):
     import tvm
 
     _load_cuda_runtime(tvm)
-    _use_host_built_binaries(tvm, src)
+    _use_host_built_binaries(tvm, os.path.join(src, "kernels"))
 
     dev = tvm.cuda(0)
     manifest = json.load(open(os.path.join(src, "manifest.json")))

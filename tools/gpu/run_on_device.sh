@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: the slim TVM runtime (no compiler) from the carried folder.
 set -eo pipefail
-SRC=${1:-.gpu}; OUT=${2:-$OUT}
+SRC=${1:-.gpu}; OUT=${2:-$OUT}  # $3: "search" runs the schedule search (run_cuda_search.py)
 export PYTHONPATH="$PWD/$SRC/site" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 # libcudart.so.13 for TVM's CUDA runtime: from the CUDA toolkit or the nvidia-* wheels
 for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /usr/local/cuda/lib \
@@ -10,4 +10,8 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /usr/local/cuda/lib \
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import tvm, tvm_ffi; print('tvm', tvm.__version__, 'runtime only; cuda exists:', tvm.cuda(0).exist)"
-python3 tools/gpu/run_cuda_kernels.py "$SRC" "$OUT" 2>&1
+if [ "${3:-check}" = search ]; then
+  python3 tools/gpu/run_cuda_search.py "$SRC" "$OUT" 2>&1
+else
+  python3 tools/gpu/run_cuda_kernels.py "$SRC" "$OUT" 2>&1
+fi

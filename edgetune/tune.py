@@ -192,7 +192,13 @@ class DeviceTuner:
                     prepared[k] = space
                 else:
                     try:
-                        extra = {"spec": self.spec} if getattr(space, "wants_spec", False) else {}
+                        extra: dict[str, Any] = {}
+                        if getattr(space, "wants_spec", False):
+                            extra["spec"] = self.spec
+                        if getattr(space, "wants_progress", False):  # long builds (tvm-tuned) report as they go
+                            extra["progress"] = lambda ev, _label=cand.label(): self.progress(
+                                {"event": "build", "device": self.spec.name, "shape": wl.shape_label,
+                                 "candidate": _label, **ev})
                         prepared[k] = space.prepare(cand, wl, info, self.cache_dir, **extra)
                     except BuildFailed as exc:
                         prepared[k] = f"build failed: {exc}"

@@ -67,6 +67,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                         TextColumn("{task.description}", style="dim"), console=err_console,
                         disable=fmt == Format.json or not err_console.is_terminal, transient=True)
     tasks: dict[str, int] = {}
+    building: dict[str, tuple] = {}  # device -> (candidate, kernel) being tuned, for one log line per kernel
     log_lines = fmt != Format.json and not err_console.is_terminal
 
     def on_event(ev):
@@ -85,6 +86,14 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                 if log_lines and ev["status"] != "verified":
                     err_console.print(f"{d}: {ev['shape']} {ev['candidate']}: {ev['status']}: {ev['reason']}",
                                       highlight=False)
+        elif ev["event"] == "build" and d in tasks:
+            best = f", best {ev['best_gflops']:.1f} GFLOP/s" if ev.get("best_gflops") else ""
+            progress.update(tasks[d], description=f"{ev['shape']} tuning {ev['candidate']}: {ev['kernel']} "
+                                                  f"trial {ev['trials']}{best}")
+            if log_lines and building.get(d) != (ev["candidate"], ev["kernel"]):
+                building[d] = (ev["candidate"], ev["kernel"])
+                err_console.print(f"{d}: {ev['shape']} tuning {ev['candidate']}: kernel {ev['kernel']}", highlight=False,
+                                  soft_wrap=True)
         elif ev["event"] in ("retry", "down"):
             err_console.print(f"[yellow]{d}: {ev['event']}: {ev.get('error')}[/]", highlight=False)
 

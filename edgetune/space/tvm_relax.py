@@ -51,6 +51,7 @@ def device_target(info: AgentInfo) -> tuple[dict, str | None]:
 class TvmRelaxSpace:
     name = "tvm-relax"
     wants_spec = True  # tvm-tuned measures kernels on the device itself
+    wants_progress = True  # and takes minutes: progress({"kernel", "trials", "best_gflops"}) as it goes
 
     def __init__(self, tuned: bool = False):
         self.tuned = tuned
@@ -73,7 +74,7 @@ class TvmRelaxSpace:
         return [Candidate.make(self.backend, {**params, "num_threads": n}) for n in thread_counts(cores)]
 
     def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path,
-                spec=None) -> Prepared:
+                spec=None, progress=None) -> Prepared:
         from edgetune.build.tvm_relax import build_relax_model, tune_relax_model
 
         target, cross_cc = device_target(info)
@@ -98,8 +99,13 @@ class TvmRelaxSpace:
 
                     measure = DeviceMeasure(spec)
                 try:
+                    cb = None
+                    if progress is not None:
+                        def cb(kernel: str, done: int, best: float | None) -> None:
+                            progress({"kernel": kernel, "trials": done, "best_gflops": best})
                     tune_relax_model(workload.model.path, shapes, target, trials, cache_dir / "tuning-db", measure,
-                                     fingerprint=info.fingerprint_key, out_path=out, cross_cc=cross_cc)
+                                     fingerprint=info.fingerprint_key, out_path=out, cross_cc=cross_cc,
+                                     progress_cb=cb)
                 finally:
                     if measure is not None:
                         measure.close()

@@ -151,9 +151,14 @@ def test_tvm_tuned_candidate_is_tuned_verified_and_compared(tiny_model, tmp_path
     from tests.conftest import require
 
     require(importlib.util.find_spec("tvm") is not None, "apache-tvm not installed")
-    out = tune(tiny_model, ["local"], db=tmp_path / "t.db",
+    events = []
+    out = tune(tiny_model, ["local"], db=tmp_path / "t.db", progress=events.append,
                config=_cfg(spaces=("ort", "tvm-tuned"), max_candidates=1, tvm_trials=4, timeout_s=60))
     s = out.devices[0].summary.shapes[0]
     tuned = [c for c in s.candidates if c.candidate.backend == "tvm-tuned"]
     assert tuned and all(c.status == "verified" for c in tuned), [c.reason for c in tuned]
     assert all(c.vs_default is not None and c.max_rel_err <= 1e-4 for c in tuned)
+    # the minutes of kernel tuning inside the candidate's build are reported as they happen
+    builds = [e for e in events if e["event"] == "build"]
+    assert builds and all(e["candidate"].startswith("tvm-tuned") and e["kernel"] and e["trials"] >= 1 for e in builds)
+    assert builds[0]["device"] == "local"

@@ -168,6 +168,11 @@ class Store:
         cur = self.conn.execute("SELECT * FROM runs ORDER BY created DESC LIMIT ?", (limit,))
         return [_row_dict(cur, r) for r in cur.fetchall()]
 
+    def record_counts(self) -> dict[str, tuple[int, int]]:
+        """run id -> (records, verified records), in one query."""
+        cur = self.conn.execute("SELECT run_id, COUNT(*), SUM(status='verified') FROM records GROUP BY run_id")
+        return {run_id: (n, verified or 0) for run_id, n, verified in cur.fetchall()}
+
     # ---------------------------------------------------------------------------- records
     def add_record(self, *, run_id: str, workload_key: str, shape: dict, shape_key: str, fingerprint_key: str,
                    candidate: dict, versions: dict, round: int, status: str, reason: str, verdict: dict,

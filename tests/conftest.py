@@ -7,7 +7,10 @@ means the part really ran (DESIGN.md §6).
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +35,18 @@ def require_module(name: str):
         if IN_CI:
             pytest.fail(f"required module {name} missing in CI: {exc}", pytrace=False)
         pytest.skip(f"{name} not installed: {exc}", allow_module_level=True)
+
+
+_TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def load_tool(group: str, name: str):
+    """Import tools/GROUP/NAME.py once (tools/ is not a package)."""
+    key = f"edgetune_tools_{group}_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, _TOOLS / group / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    spec.loader.exec_module(module)
+    return module

@@ -27,12 +27,12 @@ def ls_cmd(db: Optional[str] = DbOpt, fmt: Format = FormatOpt, limit: int = type
         store = _store(db)
         try:
             runs = store.runs(limit)
+            counts = store.record_counts()
             rows = []
             for r in runs:
-                n = store.conn.execute("SELECT COUNT(*), SUM(status='verified') FROM records WHERE run_id=?",
-                                       (r["id"],)).fetchone()
+                n = counts.get(r["id"], (0, 0))
                 rows.append({"run_id": r["id"], "device": r["device"], "model": r["model_path"],
-                             "status": r["status"], "records": n[0], "verified": n[1] or 0,
+                             "status": r["status"], "records": n[0], "verified": n[1],
                              "fingerprint_key": r["fingerprint_key"], "created": r["created"]})
         finally:
             store.close()

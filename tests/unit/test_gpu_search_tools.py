@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from edgetune.kernels.workloads import parse_workload
-from tests.conftest import require_module
-
-GPU_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "gpu"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(GPU_TOOLS))
-    try:
-        spec = importlib.util.spec_from_file_location(name, GPU_TOOLS / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(GPU_TOOLS))
+from tests.conftest import load_tool, require_module
 
 
 def test_sketches_pass_a_right_gemm_and_catch_wrong_ones():
-    vs = _load("verify_search")
+    vs = load_tool("gpu", "verify_search")
     wl = parse_workload("gemm:M=96,N=160,K=128")
     a, b = wl.random_inputs(seed=3)
     ref = wl.reference([a, b])[0]
@@ -56,7 +39,7 @@ def test_sampled_cuda_schedules_are_distinct_and_valid(tmp_path):
     from edgetune.build.tvm_kernel import as_tvm_target
     from edgetune.kernels.targets import load_target
 
-    sc = _load("search_cuda_kernels")
+    sc = load_tool("gpu", "search_cuda_kernels")
     wl = parse_workload("gemm:M=128,N=128,K=128")
     tgt = as_tvm_target(load_target("cuda-sm90").tvm_target)
     schedules = sc.sample_schedules(wl.ir_module(), tgt, 6, seed=0)

@@ -87,8 +87,11 @@ def main() -> int:
         return run
 
     candidates = {"onnxruntime default": lambda: sess.run(None, feeds)[0]}
+    alloc_of = {}  # candidate label -> allocation, for the tvm-tuned rows
     for alloc, t in tuned.items():
-        candidates[f"tvm-tuned, {alloc} allocation"] = tvm_runner(t["artifact"])
+        label = f"tvm-tuned, {alloc} allocation"
+        candidates[label] = tvm_runner(t["artifact"])
+        alloc_of[label] = alloc
     errors = {}
     for name, fn in candidates.items():
         out = fn()
@@ -110,13 +113,13 @@ def main() -> int:
             rounds[name].append(s / 1e6)
 
     base = rounds["onnxruntime default"]
-    even = rounds["tvm-tuned, even allocation"]
+    even = next(rounds[label] for label, alloc in alloc_of.items() if alloc == "even")
     rows = []
     for name, rs in rounds.items():
         st = summarize(np.concatenate(rs))
         vs_ort = grouped_speedup(list(zip(base, rs)))
         vs_even = grouped_speedup(list(zip(even, rs)))
-        alloc = name.split(", ")[-1].split()[0] if name.startswith("tvm") else None
+        alloc = alloc_of.get(name)
         rows.append({"candidate": name, "median_ms": st.median_ns, "ci_ms": [st.ci_low_ns, st.ci_high_ns],
                      "vs_ort": [vs_ort.value, vs_ort.ci_low, vs_ort.ci_high],
                      "vs_even": [vs_even.value, vs_even.ci_low, vs_even.ci_high] if alloc else None,

@@ -19,17 +19,18 @@ few. References stay here (verify_search.py).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from edgetune.build.tvm_kernel import as_tvm_target, compile_module, default_schedule, export_module  # noqa: E402
+from build_cuda_kernels import build_one  # noqa: E402
+
+from edgetune.build.tvm_kernel import as_tvm_target, default_schedule  # noqa: E402
 from edgetune.kernels.targets import load_target  # noqa: E402
 from edgetune.kernels.workloads import parse_workload  # noqa: E402
 
@@ -73,22 +74,6 @@ def broken_gemm(wl):
     import tvm
 
     return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
-
-
-def build_one(mod, tgt, kdir: Path, name: str) -> str:
-    rt_mod = compile_module(mod, tgt)
-    so = export_module(rt_mod, kdir / f"{name}.so")
-    # TVM 0.27 keeps CUDA source in the library and compiles it at load time: nvcc it HERE for
-    # sm_90; the GPU side answers TVM's compile callback with this binary (matched by source hash)
-    src = rt_mod.mod.imports[0].inspect_source()
-    digest = hashlib.sha256(src.encode()).hexdigest()
-    fatbin = kdir / f"{digest}.fatbin"
-    if not fatbin.exists():
-        cu = kdir / f"{digest}.cu"
-        cu.write_text(src)
-        subprocess.run(["nvcc", "-fatbin", "-O3", "-arch=sm_90", "-o", str(fatbin), str(cu)], check=True)
-        cu.unlink()
-    return so.name
 
 
 def main() -> int:

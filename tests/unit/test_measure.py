@@ -74,3 +74,27 @@ def test_intervals_always_cover_their_point_estimate():
         assert r.ci_low <= r.value <= r.ci_high
         s = summarize(np.concatenate([b for b, _ in pairs]), resamples=200)
         assert s.ci_low_ns <= s.median_ns <= s.ci_high_ns
+
+
+def test_round_ratio_t_interval_and_min_rounds():
+    from edgetune.measure import MIN_VERDICT_ROUNDS, round_ratio
+
+    rng = np.random.default_rng(7)
+    # candidate twice as fast in every round, with round-to-round drift shared by both
+    pairs = []
+    for _ in range(6):
+        drift = rng.uniform(0.8, 1.2)
+        pairs.append((rng.normal(2e6 * drift, 1e4, 50), rng.normal(1e6 * drift, 1e4, 50)))
+    r = round_ratio(pairs)
+    assert r.rounds == 6 and r.verdict == "faster"
+    assert r.ci_low < 2.0 < r.ci_high or abs(r.value - 2.0) < 0.05
+    assert r.ci_low <= r.value <= r.ci_high
+    # below the minimum number of rounds there is no verdict, however clear the samples look
+    short = round_ratio(pairs[: MIN_VERDICT_ROUNDS - 1])
+    assert short.verdict == "insufficient rounds"
+    one = round_ratio(pairs[:1])
+    assert one.rounds == 1 and one.verdict == "insufficient rounds"
+    # rounds that disagree give a wide interval spanning 1
+    flip = [(np.full(20, 2e6), np.full(20, 1e6)), (np.full(20, 1e6), np.full(20, 2e6)),
+            (np.full(20, 1.5e6), np.full(20, 1.4e6))]
+    assert round_ratio(flip).verdict == "no significant difference"

@@ -16,7 +16,8 @@ so ``main`` takes only the graph inputs.)
 
 Tuning: ``tune_relax_model`` extracts the model's fused kernels (edgetune.kernels.workloads),
 tunes each with ``edgetune.kernels.search.tune_workload`` (verified, pluggable measurement) into
-one MetaSchedule database per device fingerprint and target, then builds with that database
+one MetaSchedule database per device fingerprint, target and build identity (edgetune and TVM
+versions, compiler, threads: ``edgetune.build.identity``), then builds with that database
 applied to the fused module, the same pipeline extraction used, so records match.
 """
 
@@ -109,7 +110,8 @@ def build_relax_model(
     """Compile ``onnx_path`` with static ``input_shapes`` for ``target`` into ``out_path`` (.so).
 
     ``tuning_db_dir``: a MetaSchedule database directory (``search.database_dir(root,
-    fingerprint, target)``) whose records are applied; None builds with default schedules.
+    fingerprint, target, cross_cc=..., threads=...)``, keyed by the build identity too) whose
+    records are applied; None builds with default schedules.
     ``info`` (optional dict) receives ``tuned_functions``: how many kernels came from the database.
     """
     import tvm
@@ -212,7 +214,8 @@ def tune_relax_model(
         if own and isinstance(measure, LocalMeasure):
             measure.close()
     results = [(t, latest.get(f"{i}:{t.name}")) for i, t in enumerate(tasks)]
-    db_path = database_dir(db_dir, fingerprint, tgt)
+    # the same directory tune_workload chose: same compiler, same measurer threads
+    db_path = database_dir(db_dir, fingerprint, tgt, cross_cc=cross_cc, threads=getattr(measure, "num_threads", None))
     out = Path(out_path) if out_path else db_path / "models" / f"{Path(onnx_path).stem}-tuned.so"
     info: dict = {}
     artifact = build_relax_model(onnx_path, input_shapes, tgt, out, tuning_db_dir=db_path, cross_cc=cross_cc, info=info)

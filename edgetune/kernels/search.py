@@ -430,9 +430,18 @@ def target_key(target) -> str:
     return f"{tgt.kind.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def database_dir(db_dir: str | os.PathLike, fingerprint: str, target) -> Path:
-    """``db_dir/<fingerprint slug>/<target key>``: records never mix across devices or targets."""
-    return Path(db_dir) / _slug(fingerprint) / target_key(target)
+def database_dir(db_dir: str | os.PathLike, fingerprint: str, target, *, cross_cc: str | None = None,
+                 threads: int | None = None) -> Path:
+    """``db_dir/<fingerprint slug>/<target key>/<build identity key>``: records never mix across
+    devices, targets, TVM versions, edgetune versions, compilers (``cross_cc`` as resolved for the
+    target: path + ``--version``) or kernel thread counts (``threads``; default: the target's
+    ``num-cores``, else this host's CPU count, which is what the default measurer uses)."""
+    from edgetune.build.identity import build_identity, identity_key
+    from edgetune.build.tvm_kernel import as_tvm_target, resolve_cross_cc
+
+    tgt = as_tvm_target(target)
+    identity = build_identity(resolve_cross_cc(tgt, cross_cc), threads or _num_cores(tgt))
+    return Path(db_dir) / _slug(fingerprint) / target_key(tgt) / identity_key(identity)
 
 
 def open_database(path: str | os.PathLike):
@@ -581,7 +590,7 @@ def tune_workload(
     import_tensor_intrinsics()
     quiet_metaschedule_console()
     root = Path(db_dir) if db_dir is not None else Path(tempfile.mkdtemp(prefix="edgetune-msdb-"))
-    db_path = database_dir(root, fingerprint, tgt)
+    db_path = database_dir(root, fingerprint, tgt, cross_cc=cc_name, threads=getattr(measure, "num_threads", None))
     db = open_database(db_path)
     mod = workload.ir_module()
     reused = len(workload_records(db, mod))

@@ -6,7 +6,8 @@
   every other candidate. Needs ``TuneConfig.tvm_trials > 0``.
 
 The device runs the artifact with its TVM runtime through the Python agent. Artifacts are built on
-the host (cross-compiled for aarch64) and cached by model, shapes, target and tuning database.
+the host (cross-compiled for aarch64) and cached by model, shapes, target, device fingerprint,
+trials and build identity (edgetune and TVM versions, compiler, threads: ``artifact_key``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import platform
 from pathlib import Path
 
 from edgetune.agent.host import AgentInfo
+from edgetune.build.identity import build_identity
+from edgetune.build.tvm_kernel import resolve_cross_cc
 from edgetune.candidate import Candidate
 from edgetune.errors import EdgetuneError
 from edgetune.space import BuildFailed, Prepared
@@ -46,6 +49,20 @@ def device_target(info: AgentInfo) -> tuple[dict, str | None]:
         tt["num-cores"] = cores
         return tt, (None if platform.machine() == "aarch64" else (t.cross_cc or "aarch64-linux-gnu-gcc"))
     raise BuildFailed(f"no TVM target for architecture {arch}")
+
+
+def artifact_key(workload: Workload, info: AgentInfo, target: dict, cross_cc: str | None, tuned: bool,
+                 trials: int) -> str:
+    """The cache key of a tvm-relax / tvm-tuned artifact: model, shapes, target, device fingerprint,
+    tuning trials, and the build identity (edgetune and TVM versions, the compiler that links it:
+    path + ``--version``, and the kernel threads: the target's ``num-cores``, which tvm-tuned tunes
+    with). The VM's run-time ``num_threads`` is a run parameter of one shared artifact."""
+    threads = int(target.get("num-cores") or info.fingerprint.get("cores") or 1)
+    ident = json.dumps({"model": workload.model.sha256, "shapes": {k: list(v) for k, v in workload.input_shapes.items()},
+                        "target": target, "tuned": tuned, "trials": trials, "fp": info.fingerprint_key,
+                        "build": build_identity(resolve_cross_cc(target, cross_cc), threads)},
+                       sort_keys=True, default=str)
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
 class TvmRelaxSpace:
@@ -81,9 +98,10 @@ class TvmRelaxSpace:
         shapes = {k: list(v) for k, v in workload.input_shapes.items()}
         params = cand.param_dict
         trials = int(params.get("trials", 0))
-        ident = json.dumps({"model": workload.model.sha256, "shapes": shapes, "target": target, "cc": cross_cc,
-                            "tuned": self.tuned, "trials": trials, "fp": info.fingerprint_key}, sort_keys=True)
-        key = hashlib.sha256(ident.encode()).hexdigest()[:20]
+        try:
+            key = artifact_key(workload, info, target, cross_cc, self.tuned, trials)
+        except EdgetuneError as exc:  # e.g. the cross compiler is not installed
+            raise BuildFailed(str(exc).splitlines()[0][:300]) from exc
         out = cache_dir / f"{self.backend}-{workload.model.path.stem}-{key}.so"
         run_params = {"num_threads": params.get("num_threads", 1)}
         if out.exists():

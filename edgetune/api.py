@@ -8,22 +8,21 @@
 from __future__ import annotations
 
 import hashlib
-import os
+import json
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from edgetune.agent.host import AgentClient
 from edgetune.candidate import Candidate
 from edgetune.db import Store
-from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home
+from edgetune.devices.inventory import Inventory, edgetune_home
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
 from edgetune.space import BuildFailed, load_space
 from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, _versions
 from edgetune.tune import tune as _tune
-from edgetune.verify import array_sha256
 from edgetune.workload import build_workload, load_model, parse_dims, shape_points
 
 BUNDLED = ("mobilenet", "transformer")
@@ -62,8 +61,10 @@ def find_candidate(store: Store, key: str) -> Candidate:
 
 
 def bench(model: str, config_key: str, device: str = "local", *, dims: Sequence[str] = (), db: str | None = None,
-          rounds: int = 5, budget_s: float = 20.0, inventory: Inventory | None = None) -> RunSummary:
-    """Measure one stored configuration against the runtime default, interleaved, now."""
+          rounds: int = 5, budget_s: float = 20.0, inventory: Inventory | None = None,
+          command: str = "") -> RunSummary:
+    """Measure one stored configuration against the runtime default, interleaved, now.
+    ``command``: the command line that reproduces this (recorded with the run; "" for none)."""
     m = load_model(resolve_model(model))
     store = Store(db, create=False) if db else Store()
     try:
@@ -81,7 +82,8 @@ def bench(model: str, config_key: str, device: str = "local", *, dims: Sequence[
         versions = _versions(info)
         store.start_run(run_id, str(m.path), m.sha256, spec.name, info.fingerprint_key,
                         {**info.fingerprint, "arch": info.arch}, versions,
-                        {"kind": "bench", "config": cand.key(), "rounds": rounds, "points": points})
+                        {"kind": "bench", "config": cand.key(), "rounds": rounds, "points": points,
+                         "command": command})
         deadline = time.monotonic() + budget_s
         for p in points:
             wl = build_workload(m, p)
@@ -94,22 +96,30 @@ def bench(model: str, config_key: str, device: str = "local", *, dims: Sequence[
 
 
 def verify_config(model: str, config_key: str, device: str = "local", *, dims: Sequence[str] = (),
-                  inputs: Sequence[str] = (), db: str | None = None, inventory: Inventory | None = None) -> dict:
-    """Run one stored configuration once on fresh seeded (and user) inputs and verify it."""
+                  inputs: Sequence[str] = (), db: str | None = None, inventory: Inventory | None = None,
+                  seed: int | None = None) -> dict:
+    """Run one stored configuration once on seeded (and user) inputs and verify it.
+
+    The inputs come from a fresh random ``seed`` by default, never one a tune of this configuration
+    used (the candidate must not be checked on data it was selected on); pass ``seed`` to replay a
+    verification. The seed used is in the result (``seed``, ``seed_source``: fresh | given)."""
     from edgetune.workload import load_user_inputs
 
     m = load_model(resolve_model(model))
     store = Store(db, create=False) if db else Store()
     try:
         cand = find_candidate(store, config_key)
+        seed_source = "given" if seed is not None else "fresh"
+        if seed is None:
+            seed = fresh_seed(tune_seeds(store, cand.key()))
     finally:
         store.close()
     spec = (inventory or Inventory()).get(device)
-    tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=()))
+    tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed))
     info = tuner.info()
     results = []
     for p in shape_points(m, parse_dims(dims, m), {}):
-        wl = build_workload(m, p, load_user_inputs(inputs))
+        wl = build_workload(m, p, load_user_inputs(inputs), seed=seed)
         try:
             prep = load_space(cand.backend).prepare(cand, wl, info, tuner.cache_dir)
         except BuildFailed as exc:
@@ -119,7 +129,29 @@ def verify_config(model: str, config_key: str, device: str = "local", *, dims: S
         verdict = tuner._verify(wl, res)
         results.append({"shape": p, **verdict.as_dict(), "status": res.status})
     return {"candidate": cand.as_dict(), "label": cand.label(), "device": spec.name,
-            "fingerprint_key": info.fingerprint_key, "ok": all(r["ok"] for r in results), "shapes": results}
+            "fingerprint_key": info.fingerprint_key, "seed": seed, "seed_source": seed_source,
+            "ok": all(r["ok"] for r in results), "shapes": results}
+
+
+def tune_seeds(store: Store, candidate_key: str) -> set[int]:
+    """The input seeds of every stored run that measured ``candidate_key``."""
+    seeds = set()
+    for run_id in {r.run_id for r in store.records(candidate_key=candidate_key)}:
+        run = store.get_run(run_id) or {}
+        try:
+            config = json.loads(run.get("config") or "{}")
+        except (TypeError, ValueError):
+            config = {}
+        seeds.add(int(config.get("seed", 0)) if isinstance(config, dict) else 0)
+    return seeds
+
+
+def fresh_seed(avoid: set[int] = frozenset()) -> int:
+    """A new random input seed (31 bits, so any tool can replay it), none of ``avoid``."""
+    while True:
+        seed = secrets.randbelow(2**31 - 1) + 1
+        if seed not in avoid:
+            return seed
 
 
 def report_markdown(outcome: TuneOutcome) -> str:

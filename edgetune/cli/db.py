@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edgetune.cli.common import DbOpt, Format, FormatOpt, console, emit_json, run_guarded
+from edgetune.cli.examples import epilog
 
-app = typer.Typer(no_args_is_help=True, help="Inspect and export the results database.")
+app = typer.Typer(no_args_is_help=True, help="Inspect and export the results database.", epilog=epilog("db"))
 
 
 def _store(db):
@@ -20,7 +22,7 @@ def _store(db):
     return Store(db, create=False) if db else Store(create=False)
 
 
-@app.command("ls")
+@app.command("ls", epilog=epilog("db ls"))
 def ls_cmd(db: Optional[str] = DbOpt, fmt: Format = FormatOpt, limit: int = typer.Option(50, "--limit")) -> None:
     """List tuning runs."""
     def body():
@@ -47,7 +49,7 @@ def ls_cmd(db: Optional[str] = DbOpt, fmt: Format = FormatOpt, limit: int = type
     run_guarded(body)
 
 
-@app.command("best")
+@app.command("best", epilog=epilog("db best"))
 def best_cmd(model: Optional[str] = typer.Argument(None, help="only runs of this model file"),
              db: Optional[str] = DbOpt, fmt: Format = FormatOpt) -> None:
     """Best verified configuration per model, device fingerprint and shape (latest complete run)."""
@@ -84,14 +86,14 @@ def best_cmd(model: Optional[str] = typer.Argument(None, help="only runs of this
         t = Table("model", "device", "shape", "best verified configuration", "key", "median ms", "speedup vs default")
         for r in rows:
             sp = r["speedup_vs_default"]
-            t.add_row(r["model"], r["device"], " ".join(f"{k}={v}" for k, v in r["shape"].items()), r["best"] or "none",
+            t.add_row(r["model"], r["device"], " ".join(f"{k}={v}" for k, v in r["shape"].items()), escape(r["best"] or "none"),
                       r["key"] or "—", f"{r['median_ms']:.4f}" if r["median_ms"] else "—",
                       f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}]" if sp else "—")
         console.print(t)
     run_guarded(body)
 
 
-@app.command("export")
+@app.command("export", epilog=epilog("db export"))
 def export_cmd(out: Path = typer.Argument(..., help="JSON Lines file: one record per line, every sample"),
                db: Optional[str] = DbOpt) -> None:
     """Export every record (all raw samples) as JSON Lines."""

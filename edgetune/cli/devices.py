@@ -6,11 +6,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edgetune.cli.common import Format, FormatOpt, console, emit_json, run_guarded
+from edgetune.cli.examples import epilog
 
-app = typer.Typer(no_args_is_help=True, help="The device inventory (local, ssh://, adb://).")
+app = typer.Typer(no_args_is_help=True, help="The device inventory (local, ssh://, adb://).",
+                  epilog=epilog("devices"))
 InvOpt = typer.Option(None, "--inventory", help="devices.toml (default ~/.edgetune/devices.toml)")
 
 
@@ -45,7 +48,7 @@ def _table(rows) -> Table:
     t = Table("name", "url", "health", "arch", "cores", "OS / kernel", "CPU", "runtimes", "fingerprint")
     for r in rows:
         if r["health"] != "ok":
-            t.add_row(r["name"], r["url"], f"[red]down[/]: {r.get('error', '')}", "", "", "", "", "", "")
+            t.add_row(r["name"], r["url"], f"[red]down[/]: {escape(r.get('error', ''))}", "", "", "", "", "", "")
             continue
         rts = ", ".join(f"{k} {v}" for k, v in r["runtimes"].items()) or "none"
         freq = f" @ {max(r['max_freq_khz']) / 1e6:.2f} GHz" if r.get("max_freq_khz") else ""
@@ -55,7 +58,7 @@ def _table(rows) -> Table:
     return t
 
 
-@app.command("ls")
+@app.command("ls", epilog=epilog("devices ls"))
 def ls_cmd(inventory: Optional[str] = InvOpt, fmt: Format = FormatOpt,
            probe: bool = typer.Option(True, "--probe/--no-probe", help="connect to each device")) -> None:
     """List devices with health, arch, cores, OS, runtimes and fingerprint."""
@@ -78,7 +81,7 @@ def ls_cmd(inventory: Optional[str] = InvOpt, fmt: Format = FormatOpt,
     run_guarded(body)
 
 
-@app.command("add")
+@app.command("add", epilog=epilog("devices add"))
 def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@host[:port] | adb://SERIAL[@host:port]"),
             key: Optional[str] = typer.Option(None, "--key", help="ssh private key file (stored as a path only)"),
             known_hosts: Optional[str] = typer.Option(None, "--known-hosts"),
@@ -99,7 +102,7 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
     run_guarded(body)
 
 
-@app.command("rm")
+@app.command("rm", epilog=epilog("devices rm"))
 def rm_cmd(name: str, inventory: Optional[str] = InvOpt,
            cleanup: bool = typer.Option(False, "--cleanup", help="also delete edgetune's work dir on the device")) -> None:
     """Remove a device (optionally deleting what edgetune put on it)."""
@@ -120,7 +123,7 @@ def rm_cmd(name: str, inventory: Optional[str] = InvOpt,
     run_guarded(body)
 
 
-@app.command("check")
+@app.command("check", epilog=epilog("devices check"))
 def check_cmd(name: Optional[str] = typer.Argument(None), inventory: Optional[str] = InvOpt,
               fmt: Format = FormatOpt) -> None:
     """Connect, provision the agent and report health (exit 3 if any device is down)."""

@@ -6,14 +6,16 @@ import typer
 
 from edgetune import __version__
 from edgetune.cli import bench, db, devices, kernels, report, tune, verify
+from edgetune.cli.examples import epilog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Tune ML inference on the device it ships on: verified, measured honestly, reproducible.")
-app.command("tune")(tune.tune_cmd)
-app.command("tune-kernels")(kernels.tune_kernels_cmd)
-app.command("bench")(bench.bench_cmd)
-app.command("verify")(verify.verify_cmd)
-app.command("report")(report.report_cmd)
+                  help="Tune ML inference on the device it ships on: verified, measured honestly, reproducible.",
+                  epilog=epilog(""))
+app.command("tune", epilog=epilog("tune"))(tune.tune_cmd)
+app.command("tune-kernels", epilog=epilog("tune-kernels"))(kernels.tune_kernels_cmd)
+app.command("bench", epilog=epilog("bench"))(bench.bench_cmd)
+app.command("verify", epilog=epilog("verify"))(verify.verify_cmd)
+app.command("report", epilog=epilog("report"))(report.report_cmd)
 app.add_typer(db.app, name="db")
 app.add_typer(devices.app, name="devices")
 

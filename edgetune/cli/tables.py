@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from edgetune.report import fmt_err, fmt_ms, fmt_speedup
@@ -15,16 +16,16 @@ def run_tables(summary: RunSummary) -> list[Table]:
     fp = summary.fingerprint
     for s in summary.shapes:
         shape = " ".join(f"{k}={v}" for k, v in s.shape.items()) or s.shape_key
-        t = Table(title=f"{Path(summary.model_path).name} on {summary.device} "
-                        f"({fp.get('cpu_model')}, {fp.get('cores')} cores{', EMULATED' if summary.emulated else ''}) — {shape}",
+        t = Table(title=escape(f"{Path(summary.model_path).name} on {summary.device} ({fp.get('cpu_model')}, "
+                               f"{fp.get('cores')} cores{', EMULATED' if summary.emulated else ''}) — {shape}"),
                   title_justify="left")
         for col in ("candidate", "key", "status", "median ms", "95% CI ms", "CV", "n", "max rel err",
                     "speedup vs default [95% CI]"):
             t.add_column(col, overflow="fold")
         for c in s.candidates:
             best = c.candidate.key() == s.best_key
-            label = ("★ " if best else "") + c.candidate.label()
-            status = ("[green]verified[/]" if c.status == "verified" else f"[red]failed[/]: {c.reason}")
+            label = escape(("★ " if best else "") + c.candidate.label())
+            status = ("[green]verified[/]" if c.status == "verified" else f"[red]failed[/]: {escape(c.reason)}")
             if c.status == "verified" and c.phase == "screened":
                 status += " (screened)"
             if c.stats:

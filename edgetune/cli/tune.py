@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from edgetune.cli.common import DbOpt, DimOpt, Format, FormatOpt, console, emit_json, err_console, run_guarded
+from edgetune.cli.common import (DbOpt, DimOpt, Format, FormatOpt, console, emit_json, err_console, reproducing_command,
+                                 run_guarded)
 
 
 def tune_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help="ONNX or .tflite file, or a bundled model name (mobilenet, transformer)"),
     device: List[str] = typer.Option(["local"], "--device", "-d", help="device name; repeat for a farm (run in parallel)"),
     budget: float = typer.Option(60.0, "--budget", help="seconds of tuning per device (all shapes together)"),
@@ -35,11 +36,11 @@ def tune_cmd(
 ) -> None:
     """Tune MODEL on one or more devices: every candidate verified, speedups with 95% CIs."""
     run_guarded(_tune, model, device, budget, sweep, dim, input, space, adapter, rounds, finalists, max_candidates,
-                timeout, fresh, report_dir, db, fmt, tvm_trials)
+                timeout, fresh, report_dir, db, fmt, tvm_trials, reproducing_command(ctx))
 
 
 def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
-          fresh, report_dir, db, fmt, tvm_trials=0):
+          fresh, report_dir, db, fmt, tvm_trials=0, command=""):
     from edgetune.api import resolve_model
     from edgetune.errors import UserInputError
     from edgetune.report import markdown, report_dict, write_atomic
@@ -60,7 +61,6 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     extra = [adapter_candidate(a) for a in adapters]
     cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
                      max_candidates=max_candidates, fresh=fresh, extra=extra, tvm_trials=tvm_trials)
-    command = "edgetune " + " ".join(sys.argv[1:]) if sys.argv and "edgetune" in sys.argv[0] else ""
 
     progress = Progress(TextColumn("[bold]{task.fields[device]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),

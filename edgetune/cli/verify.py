@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from edgetune.cli.common import DbOpt, DeviceOpt, DimOpt, Format, FormatOpt, console, emit_json, run_guarded
 
@@ -15,28 +16,35 @@ def verify_cmd(
     device: str = DeviceOpt,
     dim: List[str] = DimOpt,
     input: List[str] = typer.Option([], "--input", help="name=file.npy"),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0,
+                                       help="input seed to replay (default: a fresh random seed, printed)"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
 ) -> None:
-    """Verify one configuration on the device against host references (exit 1 when it fails)."""
-    run_guarded(_verify, model, config, device, dim, input, db, fmt)
+    """Verify one configuration on the device against host references (exit 1 when it fails).
+
+    The seeded inputs come from a fresh random seed, not the one the configuration was tuned on;
+    the seed is printed (and in --format json) so that --seed replays the same check."""
+    run_guarded(_verify, model, config, device, dim, input, db, fmt, seed)
 
 
-def _verify(model, config, device, dims, inputs, db, fmt):
+def _verify(model, config, device, dims, inputs, db, fmt, seed=None):
     from edgetune.api import verify_config
 
-    res = verify_config(model, config, device, dims=dims, inputs=inputs, db=db)
+    res = verify_config(model, config, device, dims=dims, inputs=inputs, db=db, seed=seed)
     if fmt == Format.json:
         emit_json(res)
     else:
+        replay = "" if res["seed_source"] == "given" else f" (replay: --seed {res['seed']})"
+        console.print(f"inputs from {res['seed_source']} seed {res['seed']}{replay}", highlight=False)
+        what = escape(f"{res['label']} [{res['candidate']['key']}] on {res['device']}")
         for s in res["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items())
             if s["ok"]:
-                console.print(f"[green]verified[/] {res['label']} [{res['candidate']['key']}] on {res['device']} {shape}: "
+                console.print(f"[green]verified[/] {what} {shape}: "
                               f"max abs err {s['max_abs_err']:.2e}, max rel err {s['max_rel_err']:.2e} "
-                              f"(tolerance {s['tolerance']:.0e}); {'; '.join(s['checks'])}", highlight=False)
+                              + escape(f"(tolerance {s['tolerance']:.0e}); {'; '.join(s['checks'])}"), highlight=False)
             else:
-                console.print(f"[red]FAILED[/] {res['label']} [{res['candidate']['key']}] on {res['device']} {shape}: "
-                              f"{s['reason']}", highlight=False)
+                console.print(f"[red]FAILED[/] {what} {shape}: " + escape(str(s["reason"])), highlight=False)
     if not res["ok"]:
         raise typer.Exit(1)

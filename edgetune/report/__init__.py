@@ -27,11 +27,16 @@ def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
     return {
         "schema": REPORT_SCHEMA,
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "runs": [r.as_dict() for r in runs],
+        "runs": [_with_command(r.as_dict()) for r in runs],
         "devices": devices,
         "devices_down": devices_down,
         "comparison": compare_devices(runs),
     }
+
+
+def _with_command(run: dict[str, Any]) -> dict[str, Any]:
+    """A run with ``command``: the recorded command line that reproduces it, null when none was."""
+    return {**run, "command": recorded_command(run)}
 
 
 def compare_devices(runs: Iterable[RunSummary]) -> list[dict[str, Any]]:
@@ -51,6 +56,20 @@ def compare_devices(runs: Iterable[RunSummary]) -> list[dict[str, Any]]:
                          "speedup_vs_default": best.vs_default.as_dict() if best.vs_default else None,
                          "emulated": r.emulated})
     return rows
+
+
+NO_COMMAND = "none recorded (this run was not started from the edgetune command line)"
+
+
+def recorded_command(run: dict[str, Any]) -> str | None:
+    """The command line recorded with a run, or None (runs started through the Python API)."""
+    return (run.get("config") or {}).get("command") or None
+
+
+def command_text(run: dict[str, Any]) -> str:
+    """The reproducing command as Markdown code, or a plain statement that none was recorded."""
+    cmd = recorded_command(run)
+    return f"`{cmd}`" if cmd else NO_COMMAND
 
 
 def fmt_ms(ns: float) -> str:
@@ -90,7 +109,7 @@ def markdown(rep: dict[str, Any]) -> str:
                 + (f", **emulated ({fp.get('emulated')}): timings are not comparable**" if run["emulated"] else ""),
                 f"- versions: `{json.dumps(run['versions'], sort_keys=True)}`",
                 f"- model sha256 `{run['model_sha256'][:16]}…`, run `{run['run_id']}` ({run['status']})",
-                f"- command: `{run['config'].get('command') or 'edgetune tune ' + run['model']}`", ""]
+                f"- command: {command_text(run)}", ""]
         for s in run["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
             out += [f"### {shape}", "",

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgetune.report import NO_COMMAND, recorded_command
+
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}
 th{background:#f3f3f3}.failed{color:#b00}.best{font-weight:bold}code{font-size:12px}
@@ -40,6 +42,11 @@ def _chart(shape: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def command_html(run: dict[str, Any]) -> str:
+    cmd = recorded_command(run)
+    return f"<code>{html.escape(cmd)}</code>" if cmd else html.escape(NO_COMMAND)
+
+
 def render(rep: dict[str, Any]) -> str:
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>edgetune report</title><style>{_CSS}</style>"
@@ -53,7 +60,7 @@ def render(rep: dict[str, Any]) -> str:
                      f"<p class='meta'>fingerprint <code>{e(run['fingerprint_key'])}</code>: {e(str(fp.get('cpu_model')))}, "
                      f"{e(str(fp.get('cores')))} cores, {e(str(fp.get('arch', '')))}, kernel {e(str(fp.get('kernel')))}, "
                      f"{e(str(fp.get('os')))}{emu}<br>versions <code>{e(json.dumps(run['versions'], sort_keys=True))}</code>"
-                     f"<br>command <code>{e(run['config'].get('command') or '')}</code>, run <code>{e(run['run_id'])}</code></p>")
+                     f"<br>command {command_html(run)}, run <code>{e(run['run_id'])}</code></p>")
         for s in run["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
             parts.append(f"<h3>{e(shape)}</h3>{_chart(s)}<table><tr><th>candidate</th><th>key</th><th>status</th>"

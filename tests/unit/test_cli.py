@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -83,9 +84,25 @@ def test_tune_json_then_bench_verify_db_report(tiny_model, tmp_path, home):
     best = shapes[0]["best"]
     assert best
 
+    assert rep["runs"][0]["command"].startswith(f"edgetune tune {tiny_model} --budget 1.5 ")
+    assert "--sweep batch=1,3" in rep["runs"][0]["command"]
+
     p = run(["verify", str(tiny_model), "--config", best, "--db", str(db), "--dim", "batch=2"], home)
     assert p.returncode == 0, p.stderr
     assert "verified" in p.stdout and "max rel err" in p.stdout
+    assert "fresh seed" in p.stdout and "--seed" in p.stdout
+    # a fresh seed each time, never the tune's own (0), recorded so that --seed replays it
+    p = run(["verify", str(tiny_model), "--config", best, "--db", str(db), "--format", "json"], home)
+    assert p.returncode == 0, p.stderr
+    first = json.loads(p.stdout)
+    p = run(["verify", str(tiny_model), "--config", best, "--db", str(db), "--format", "json"], home)
+    second = json.loads(p.stdout)
+    assert first["seed_source"] == second["seed_source"] == "fresh"
+    assert first["seed"] != 0 and second["seed"] != 0 and first["seed"] != second["seed"]
+    p = run(["verify", str(tiny_model), "--config", best, "--db", str(db), "--seed", str(first["seed"]),
+             "--format", "json"], home)
+    replay = json.loads(p.stdout)
+    assert replay["seed"] == first["seed"] and replay["seed_source"] == "given" and replay["ok"]
 
     p = run(["bench", str(tiny_model), "--config", best[:8], "--db", str(db), "--rounds", "2", "--budget", "2",
              "--format", "json"], home)
@@ -109,7 +126,8 @@ def test_tune_json_then_bench_verify_db_report(tiny_model, tmp_path, home):
     p = run(["report", "--db", str(db), "--out", str(tmp_path / "r.md")], home)
     assert p.returncode == 0
     md = (tmp_path / "r.md").read_text()
-    assert "fingerprint" in md and "versions" in md and "command: `edgetune" not in md or True
+    assert "fingerprint" in md and "versions" in md
+    assert f"- command: `{rep['runs'][0]['command']}`" in md  # the recorded command, not a made-up one
     p = run(["report", "--db", str(db), "--format", "json"], home)
     assert json.loads(p.stdout)["schema"] == "edgetune.report/1"
     p = run(["report", "--db", str(db), "--format", "html", "--out", str(tmp_path / "r.html")], home)
@@ -124,6 +142,7 @@ def test_tune_json_then_bench_verify_db_report(tiny_model, tmp_path, home):
         root = ET.fromstring(svg)  # well-formed
         assert len(root.findall("{*}rect") or root.findall("rect")) >= 1
     assert best in page and "95% CI" in page
+    assert html.escape(rep["runs"][0]["command"]) in page
 
 
 def test_table_output_shows_status_latency_and_speedup(tiny_model, tmp_path, home, adapters):
@@ -133,6 +152,78 @@ def test_table_output_shows_status_latency_and_speedup(tiny_model, tmp_path, hom
     out = p.stdout
     assert "verified" in out and "failed" in out and "tolerance" in out
     assert "speedup vs default" in out and "95% CI" in out and "★" in out
+
+
+def _table_rows(text):
+    """The Markdown table rows of ``text``, as lists of cells (escaped pipes kept inside cells)."""
+    import re
+
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            for line in text.splitlines() if line.startswith("|")]
+
+
+def test_piped_tables_are_plain_one_line_per_row(tiny_model, tmp_path, home, adapters):
+    """Not on a terminal (a file, a pipe, a CI log): no box drawing, no cell folded over lines at 80 columns."""
+    db = tmp_path / "t.db"
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    env.update(EDGETUNE_HOME=str(home), COLUMNS="80")
+    p = subprocess.run(EDGETUNE + ["tune", str(tiny_model), *QUICK, "--adapter", str(adapters / "wrong.py"),
+                                   "--db", str(db)], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert not any(ch in out for ch in "│┃━─╭╰┏┗"), out
+    assert "\x1b[" not in out  # no colour codes in a file
+    rows = _table_rows(out)
+    header = rows[0]
+    assert header[:3] == ["candidate", "key", "status"] and "speedup vs default [95% CI]" in header
+    assert all(len(r) == len(header) for r in rows), out  # every row whole, on one line
+    body = [r for r in rows[2:]]
+    assert len(body) >= 3
+    assert any(r[2] == "verified" for r in body) and any(r[2].startswith("failed: ") for r in body)
+    keys = json.loads(subprocess.run(EDGETUNE + ["db", "ls", "--db", str(db), "--format", "json"],
+                                     capture_output=True, text=True, env=env).stdout)
+    assert keys
+    p = subprocess.run(EDGETUNE + ["db", "ls", "--db", str(db)], capture_output=True, text=True, env=env)
+    rows = _table_rows(p.stdout)
+    assert rows[0][:3] == ["run", "device", "model"] and rows[2][0] == keys[0]["run_id"]
+    assert all(len(r) == len(rows[0]) for r in rows)
+
+
+def test_every_command_help_has_examples():
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from edgetune.cli.main import app
+
+    def walk(cmd, path):
+        yield path
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, path + [name])
+
+    paths = list(walk(get_command(app), []))
+    assert ["tune"] in paths and ["db", "export"] in paths and ["devices", "check"] in paths
+    runner = CliRunner()
+    for path in paths:
+        r = runner.invoke(app, path + ["--help"], env={"COLUMNS": "200"})
+        assert r.exit_code == 0, (path, r.output)
+        examples = r.output[r.output.index("Examples:"):]
+        lines = [l.strip(" │") for l in examples.splitlines()]
+        assert any(l.startswith("edgetune " + " ".join(path)) for l in lines), (path, examples)
+
+
+def test_report_without_a_recorded_command_says_so():
+    from edgetune.report import markdown
+    from edgetune.report.html import render
+
+    run_ = {"model": "/m/tiny.onnx", "device": "local", "fingerprint": {}, "fingerprint_key": "fp", "emulated": False,
+            "versions": {}, "model_sha256": "0" * 64, "run_id": "r1", "status": "complete", "shapes": [],
+            "config": {"budget_s": 1.0}}
+    rep = {"schema": "edgetune.report/1", "generated": "now", "runs": [run_], "comparison": [], "devices_down": []}
+    for text in (markdown(rep), render(rep)):
+        assert "none recorded" in text and "edgetune tune" not in text
+    run_["config"]["command"] = "edgetune tune /m/tiny.onnx --budget 1"
+    assert "- command: `edgetune tune /m/tiny.onnx --budget 1`" in markdown(rep)
+    assert "<code>edgetune tune /m/tiny.onnx --budget 1</code>" in render(rep)
 
 
 def test_devices_add_ls_rm(home, tmp_path):

@@ -28,9 +28,10 @@ from edgetune.candidate import Candidate
 from edgetune.db import Store
 from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home
 from edgetune.errors import DeviceError, DeviceUnreachable, HostKeyMismatch, AuthError, UserInputError
+from edgetune.kernels.device_measure import device_peak_gflops
 from edgetune.results import RunSummary, summarize_run
 from edgetune.space import BuildFailed, Prepared, load_space
-from edgetune.verify import Verdict, array_sha256, verify
+from edgetune.verify import Verdict, verify_job
 from edgetune.workload import Model, Workload, build_workload, load_model, shape_points
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -112,6 +113,7 @@ class DeviceTuner:
         self.jobs_run = 0
         self.jobs_skipped = 0
         self.cache_dir = edgetune_home() / "artifacts"
+        self._peak: tuple[float | None] | None = None
 
     # ---- device access with bounded retries -------------------------------------------
     def _with_retries(self, fn, what: str):
@@ -170,13 +172,11 @@ class DeviceTuner:
         return self._with_retries(lambda: self.client.run_job(job), "running a job")
 
     def _verify(self, wl: Workload, res: JobResult) -> Verdict:
-        if not res.ok:
-            return Verdict.failed(res.reason or res.status)
-        if not res.samples_ns:
-            return Verdict.failed("no timing samples returned")
-        sent = [array_sha256(a) for s in wl.input_sets for a in s]
-        return verify(wl.output_names, wl.references(), res.outputs, res.repeat_outputs, 0, sent,
-                      res.input_sha256_before, res.input_sha256_after)
+        info = self.info()
+        if self._peak is None:  # once per device: a roofline needs the device's clock and ISA
+            self._peak = (device_peak_gflops(self.client, info),)
+        return verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
+                          flops=wl.flops(), peak_gflops=self._peak[0], timings_trusted=not info.emulated)
 
     # ---- one shape point -------------------------------------------------------------------
     def tune_shape(self, run_id: str, model: Model, info: AgentInfo, wl: Workload, cands: list[tuple[Candidate, Any]],
@@ -225,7 +225,7 @@ class DeviceTuner:
             rec = dict(run_id=run_id, workload_key=wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
                        fingerprint_key=info.fingerprint_key, candidate=cand.as_dict(),
                        versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
-                       reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state,
+                       reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state, "fresh_seed": res.fresh_seed,
                                                        "load_ms": res.load_ms},
                        samples_ns=res.samples_ns, wall_ms=wall,
                        agent_ms=res.agent_ms)

@@ -1,38 +1,75 @@
 """Verifier: the host compares what the device returned with references it never sent (DESIGN.md §5).
 
-Checks, each recorded with a reason when it fails:
-  * every output present, right shape and dtype, no NaN/Inf where the reference is finite
-    (outputs are poisoned with NaN before each run, so a skipped write shows up here);
-  * every input set within tolerance of the reference (per-dtype tolerance, max abs/rel error kept);
-  * determinism: the timed input run twice gives the same output;
-  * sensitivity: different inputs give different outputs (catches constant or cached outputs);
-  * immutability: the inputs' sha256 after the run equals what the host sent.
+The one verifier of edgetune: model candidates (tune, bench, verify), kernels (tune-kernels, the
+MetaSchedule runner) and baselines all go through ``verify_job``. Every failure has a named code
+(``Verdict.code``) and a one-line reason; the conformance suite (tests/conformance) proves that each
+kind of cheating or buggy candidate is caught under its own code.
+
+What is checked, in order (device_agents/PROTOCOL.md describes what the agent does for each):
+  * the job ran (crashed / hung / error / out-of-bounds write reported by the agent's guard zones);
+  * inputs arrived intact (sha256 before the run) and the buffers the candidate received are
+    unchanged after each checked run (``input-mutated``);
+  * every input set: outputs present, right shape and dtype, finite where the reference is
+    (outputs are poisoned before each run: ``non-finite`` catches unwritten elements), within
+    tolerance elementwise and in norm (``wrong-output``, or ``imprecise`` when the error is at the
+    level of a lower precision);
+  * determinism: the same input twice gives the same output (repeat outputs are required);
+  * sensitivity: different inputs give different outputs (``insensitive``);
+  * timed work is verified work: outputs of timed iterations picked by the agent after they
+    returned are checked against references of the fresh inputs the host replays
+    (``stale-output`` when an output repeats one computed for other inputs);
+  * the last timed call's outputs did not change after it returned (``late-write``);
+  * MLPerf TEST04: a candidate much faster on a repeated input than on distinct ones (``caching``);
+  * no timing faster than the device's roofline (``impossible-timing``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-# Allowed error relative to the output's scale (max |ref|), per output dtype.
-TOLERANCE = {
-    "float64": 1e-6,
-    "float32": 1e-4,
-    "float16": 1e-2,
-    "bfloat16": 3e-2,
+from edgetune.agent.fresh import fresh_inputs
+from edgetune.agent.host import JobResult
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|y - r| <= atol * scale + rtol * |r| elementwise, with scale the reference's RMS (not its
+    maximum: inputs carry 16x outliers, and a max-based scale would let most elements be far off),
+    and ||y - r|| / ||r|| <= norm."""
+
+    atol: float
+    rtol: float
+    norm: float
+
+    def as_dict(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol, "norm": self.norm}
+
+
+TOLERANCES = {
+    "float64": Tolerance(1e-6, 1e-6, 1e-7),
+    "float32": Tolerance(2e-4, 1e-4, 1e-4),
+    "float16": Tolerance(1e-2, 1e-2, 5e-3),
+    "bfloat16": Tolerance(3e-2, 3e-2, 1.5e-2),
 }
-LOOSE_DTYPES = {"float16", "bfloat16", "int8", "uint8"}
+EXACT = Tolerance(0.0, 0.0, 0.0)  # integers and bools must match exactly
+# a norm-relative error above this is a wrong result, below it (but above tolerance) an imprecise one
+WRONG_NORM = 1e-2
+# TEST04: a candidate this much faster on one repeated input than on distinct inputs caches results
+CACHE_RATIO = 1.5
+# A timing needs a kernel faster than this multiple of the device's peak FLOP/s to be "impossible".
+# Above 1 because fast algorithms (Winograd, Strassen) do fewer multiplications than the op's count.
+ROOFLINE_MARGIN = 1.25
 
 
-def tolerance_for(dtype: str, override: float | None = None) -> float:
+def tolerance_for(dtype: str, override: float | None = None) -> Tolerance:
     if override is not None:
-        return override
-    if dtype in TOLERANCE:
-        return TOLERANCE[dtype]
-    return 0.0  # integers and bools must match exactly
+        return Tolerance(override, override, override)
+    return TOLERANCES.get(dtype, EXACT)
 
 
 def array_sha256(arr: np.ndarray) -> str:
@@ -42,7 +79,10 @@ def array_sha256(arr: np.ndarray) -> str:
 @dataclass(frozen=True)
 class ErrorStats:
     max_abs: float
-    max_rel: float  # max |y - ref| / max(|ref|) over the output: error relative to the output's scale
+    max_rel: float  # max |y - r| / scale (scale: RMS of the reference)
+    norm_rel: float  # ||y - r|| / ||r||
+    excess: float  # max over elements of |y - r| / (atol * scale + rtol * |r|): <= 1 passes
+    worst_index: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -55,128 +95,247 @@ class Verdict:
     deterministic: bool
     bitwise_deterministic: bool
     checks: tuple[str, ...] = field(default=())
+    code: str = "ok"
+    norm_rel_err: float = float("nan")
+    timed_checked: int = 0
 
     def as_dict(self) -> dict:
         return {
-            "ok": self.ok,
-            "reason": self.reason,
-            "max_abs_err": self.max_abs_err,
-            "max_rel_err": self.max_rel_err,
-            "tolerance": self.tolerance,
-            "deterministic": self.deterministic,
-            "bitwise_deterministic": self.bitwise_deterministic,
+            "ok": self.ok, "code": self.code, "reason": self.reason,
+            "max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err, "norm_rel_err": self.norm_rel_err,
+            "tolerance": self.tolerance, "deterministic": self.deterministic,
+            "bitwise_deterministic": self.bitwise_deterministic, "timed_checked": self.timed_checked,
             "checks": list(self.checks),
         }
 
     @classmethod
-    def failed(cls, reason: str) -> "Verdict":
-        return cls(False, reason, float("nan"), float("nan"), float("nan"), False, False)
+    def failed(cls, reason: str, code: str = "error") -> "Verdict":
+        return cls(False, reason, float("nan"), float("nan"), float("nan"), False, False, code=code)
 
 
-def compare(out: np.ndarray, ref: np.ndarray) -> ErrorStats:
-    o = out.astype(np.float64)
-    r = ref.astype(np.float64)
+def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance | None = None) -> ErrorStats:
+    tol = tol or tolerance_for(str(ref.dtype))
+    o = np.asarray(out, np.float64)
+    r = np.asarray(ref, np.float64)
     if o.size == 0:
-        return ErrorStats(0.0, 0.0)
+        return ErrorStats(0.0, 0.0, 0.0, 0.0, ())
+    finite = np.isfinite(r)
     diff = np.abs(o - r)
-    max_abs = float(np.nanmax(diff)) if not np.all(np.isnan(diff)) else float("inf")
-    if np.any(np.isnan(diff) & ~np.isnan(r)):
-        max_abs = float("inf")
-    scale = float(np.max(np.abs(r[np.isfinite(r)]))) if np.any(np.isfinite(r)) else 0.0
-    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    return ErrorStats(max_abs, max_rel)
+    diff = np.where(finite, diff, np.where(o == r, 0.0, np.inf))  # a non-finite reference must be matched
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    rf = np.where(finite, r, 0.0)
+    scale = float(np.sqrt(np.mean(rf * rf)))
+    max_abs = float(diff.max())
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    rnorm = float(np.linalg.norm(rf))
+    dn = float(np.linalg.norm(np.where(np.isfinite(diff), diff, 0.0))) if np.all(np.isfinite(diff)) else math.inf
+    norm_rel = dn / rnorm if rnorm > 0 else (0.0 if dn == 0 else math.inf)
+    bound = tol.atol * scale + tol.rtol * np.abs(rf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / bound)
+    idx = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    return ErrorStats(max_abs, max_rel, norm_rel, float(ratio[idx]), tuple(int(i) for i in idx))
 
 
-def _check_array(name: str, out: np.ndarray | None, ref: np.ndarray) -> str | None:
-    if out is None:
-        return f"output {name} missing"
-    if tuple(out.shape) != tuple(ref.shape):
-        return f"output {name} has shape {tuple(out.shape)}, reference {tuple(ref.shape)}"
-    if out.dtype != ref.dtype:
-        return f"output {name} has dtype {out.dtype}, reference {ref.dtype}"
-    if out.dtype.kind == "f":
-        bad = ~np.isfinite(out) & np.isfinite(ref)
-        if np.any(bad):
-            nan = int(np.isnan(out[bad]).sum())
-            return (f"output {name} has {int(bad.sum())} non-finite values ({nan} NaN) where the "
-                    f"reference is finite (unwritten or overflowed elements)")
-    return None
+class _Fail(Exception):
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
 
 
-def verify(
-    output_names: Sequence[str],
+@dataclass
+class _Errors:
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    norm_rel: float = 0.0
+    tol: float = 0.0
+
+    def add(self, e: ErrorStats, tol: Tolerance) -> None:
+        self.max_abs = max(self.max_abs, e.max_abs)
+        self.max_rel = max(self.max_rel, e.max_rel)
+        self.norm_rel = max(self.norm_rel, e.norm_rel)
+        self.tol = max(self.tol, tol.atol)
+
+
+def _check_outputs(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
+                   errors: _Errors, override: float | None, timed: bool = False) -> None:
+    try:
+        _check_values(where, names, outs, refs, errors, override)
+    except _Fail as f:
+        # right when checked, wrong when timed: the signature of work skipped once warm
+        if timed and f.code in ("non-finite", "wrong-output", "imprecise"):
+            raise _Fail("wrong-when-timed", f.reason + " (the untimed runs were right)") from None
+        raise
+
+
+def _check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
+                  errors: _Errors, override: float | None) -> None:
+    if len(outs) != len(refs):
+        raise _Fail("missing-output", f"{where}: {len(outs)} outputs, expected {len(refs)}")
+    for name, out, ref in zip(names, outs, refs):
+        if out is None:
+            raise _Fail("missing-output", f"{where}: output {name} missing")
+        if tuple(out.shape) != tuple(ref.shape) or out.dtype != ref.dtype:
+            raise _Fail("missing-output", f"{where}: output {name} is {out.dtype}{list(out.shape)}, "
+                                          f"expected {ref.dtype}{list(ref.shape)}")
+        if out.dtype.kind == "f":
+            bad = ~np.isfinite(out) & np.isfinite(ref)
+            if np.any(bad):
+                nan = int(np.isnan(out[bad]).sum())
+                raise _Fail("non-finite", f"{where}: output {name} has {int(bad.sum())} of {out.size} non-finite "
+                                          f"values ({nan} NaN) where the reference is finite (unwritten or overflowed)")
+        tol = tolerance_for(str(ref.dtype), override)
+        e = compare(out, ref, tol)
+        errors.add(e, tol)
+        if e.excess > 1.0 or e.norm_rel > tol.norm:
+            got, want = out[e.worst_index], ref[e.worst_index]
+            code = "wrong-output" if e.norm_rel > WRONG_NORM else "imprecise"
+            what = "wrong" if code == "wrong-output" else "imprecise (error at the level of a lower precision)"
+            raise _Fail(code, f"{where}: output {name} {what}: norm error {e.norm_rel:.3g} (tolerance {tol.norm:.0e}), "
+                              f"max error {e.max_rel:.3g} of its RMS scale at {e.worst_index} "
+                              f"(got {float(got):.6g}, want {float(want):.6g})")
+
+
+def _same(a: Sequence[np.ndarray | None], b: Sequence[np.ndarray | None]) -> bool:
+    # NaN never equals NaN here: unwritten (poisoned) outputs are "non-finite", not a repeat
+    return len(a) == len(b) and all(x is not None and y is not None and x.shape == y.shape and
+                                    np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def _refs_differ(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
+    return any(x.shape != y.shape or not np.allclose(x, y, rtol=1e-3, atol=1e-6, equal_nan=True) for x, y in zip(a, b))
+
+
+def verify_job(
+    res: JobResult,
+    input_sets: Sequence[Sequence[np.ndarray]],
     references: Sequence[Sequence[np.ndarray]],
-    outputs: Sequence[Sequence[np.ndarray | None]],
-    repeat_outputs: Sequence[np.ndarray | None],
-    timing_set: int,
-    input_hashes_sent: Sequence[str],
-    input_hashes_before: Sequence[str] | None,
-    input_hashes_after: Sequence[str] | None,
+    reference_fn: Callable[[list[np.ndarray]], list[np.ndarray]],
+    output_names: Sequence[str],
+    *,
     tolerance: float | None = None,
+    flops: float | None = None,
+    peak_gflops: float | None = None,
+    timings_trusted: bool = True,
 ) -> Verdict:
-    """references[i][k]: reference for input set i, output k; outputs likewise from the device."""
+    """Verify one job's result. references[i][k]: reference of input set i, output k (what the host
+    computed for what it sent); reference_fn(inputs) computes references of replayed fresh inputs.
+    ``flops``/``peak_gflops``: the roofline check, when both are known. ``timings_trusted=False``
+    (an emulated device, e.g. qemu, whose timings are not the hardware's) skips the two checks that
+    rest on timings (TEST04 caching, roofline); every output check still applies."""
+    if not res.ok:
+        reason = res.reason or res.status
+        if res.status == "crashed":
+            return Verdict.failed(reason, "crashed")
+        if res.status == "timeout":
+            return Verdict.failed(reason, "hung")
+        if "out-of-bounds" in reason:
+            return Verdict.failed(reason, "out-of-bounds-write")
+        return Verdict.failed(reason, "error")
+    if not res.samples_ns:
+        return Verdict.failed("no timing samples returned", "no-samples")
+    errors = _Errors()
     checks: list[str] = []
-    if len(outputs) != len(references):
-        return Verdict.failed(f"device returned {len(outputs)} output sets, expected {len(references)}")
+    deterministic = bitwise = False
+    names = list(output_names)
+    try:
+        sent = [[array_sha256(a) for a in s] for s in input_sets]
+        if res.input_sha256_before is not None and list(res.input_sha256_before) != [h for s in sent for h in s]:
+            raise _Fail("error", "inputs arrived corrupted on the device (sha256 differs from what was sent)")
+        if res.guard_violation:
+            raise _Fail("out-of-bounds-write", res.guard_violation)
+        if len(res.outputs) != len(references):
+            raise _Fail("missing-output", f"device returned {len(res.outputs)} output sets, expected {len(references)}")
+        after = res.input_sha256_after_sets
+        if after is None or [list(x) for x in after] != sent:
+            raise _Fail("input-mutated", "candidate modified its inputs (input sha256 changed during a run)")
+        checks.append(f"inputs unchanged ({res.input_check or 'agent copy'})")
 
-    # integrity of what we sent, then immutability of the inputs
-    if input_hashes_before is not None and list(input_hashes_before) != list(input_hashes_sent):
-        return Verdict.failed("inputs arrived corrupted on the device (sha256 differs from what was sent)")
-    if input_hashes_after is None or list(input_hashes_after) != list(input_hashes_sent):
-        return Verdict.failed("candidate modified its inputs (input sha256 changed during the run)")
-    checks.append("inputs unchanged")
+        # sensitivity before values: a constant output is named as such, not as "wrong"
+        for i in range(1, len(res.outputs)):
+            if _refs_differ(references[0], references[i]) and _same(res.outputs[0], res.outputs[i]):
+                raise _Fail("insensitive", f"insensitive: input sets 0 and {i} gave identical outputs")
+        if len(res.outputs) > 1:
+            checks.append("different inputs give different outputs")
+        for i, (refs, outs) in enumerate(zip(references, res.outputs)):
+            _check_outputs(f"input set {i}", names, outs, refs, errors, tolerance)
+        checks.append(f"{len(references)} input sets within tolerance")
 
-    worst_abs = 0.0
-    worst_rel = 0.0
-    tol_used = 0.0
-    for i, (refs, outs) in enumerate(zip(references, outputs)):
-        if len(outs) != len(refs):
-            return Verdict.failed(f"input set {i}: {len(outs)} outputs, expected {len(refs)}")
-        for name, ref, out in zip(output_names, refs, outs):
-            problem = _check_array(name, out, ref)
-            if problem:
-                return Verdict.failed(f"input set {i}: {problem}")
-            err = compare(out, ref)
-            tol = tolerance_for(str(ref.dtype), tolerance)
-            tol_used = max(tol_used, tol)
-            worst_abs = max(worst_abs, err.max_abs)
-            worst_rel = max(worst_rel, err.max_rel)
-            if not err.max_rel <= tol:
-                return Verdict(False, f"input set {i}: output {name} off by {err.max_rel:.3g} of its scale "
-                               f"(max abs {err.max_abs:.3g}) > tolerance {tol:.0e}",
-                               worst_abs, worst_rel, tol, False, False, tuple(checks))
-    checks.append(f"{len(references)} input sets within tolerance")
-
-    # determinism
-    firsts = outputs[timing_set]
-    bitwise = True
-    deterministic = True
-    for name, a, b, ref in zip(output_names, firsts, repeat_outputs, references[timing_set]):
-        if b is None:
-            return Verdict(False, f"repeat run returned no output {name}", worst_abs, worst_rel, tol_used,
-                           False, False, tuple(checks))
-        if a.shape != b.shape or not np.array_equal(a, b, equal_nan=False):
-            bitwise = False
-            if a.shape != b.shape:
-                deterministic = False
-            else:
-                err = compare(b, a)
+        # determinism: required, not optional
+        rep = res.repeat_outputs
+        if not rep or len(rep) != len(names) or any(r is None for r in rep):
+            raise _Fail("non-deterministic", "no repeat outputs returned: determinism cannot be checked")
+        bitwise = _same(res.outputs[0], rep)
+        if not bitwise:
+            for name, a, b, ref in zip(names, res.outputs[0], rep, references[0]):
                 tol = tolerance_for(str(ref.dtype), tolerance)
-                if not err.max_rel <= tol / 10:
-                    deterministic = False
-    if not deterministic:
-        return Verdict(False, "non-deterministic: the same input twice gave different outputs",
-                       worst_abs, worst_rel, tol_used, False, False, tuple(checks))
-    checks.append("deterministic" + (" (bitwise)" if bitwise else " (within tolerance/10)"))
+                e = compare(b, a, Tolerance(tol.atol / 10, tol.rtol / 10, tol.norm / 10))
+                if a.shape != b.shape or e.excess > 1.0:
+                    raise _Fail("non-deterministic", f"non-deterministic: the same input twice gave different "
+                                                     f"outputs ({name}: max difference {e.max_rel:.3g} of scale)")
+        deterministic = True
+        checks.append("deterministic" + (" (bitwise)" if bitwise else " (within tolerance/10)"))
 
-    # sensitivity: a different input must give a different output
-    if len(outputs) > 1:
-        for i in range(1, len(outputs)):
-            refs_differ = any(not np.array_equal(r0, ri) for r0, ri in zip(references[0], references[i]))
-            outs_differ = any(not np.array_equal(o0, oi) for o0, oi in zip(outputs[0], outputs[i]))
-            if refs_differ and not outs_differ:
-                return Verdict(False, f"insensitive: input sets 0 and {i} gave identical outputs",
-                               worst_abs, worst_rel, tol_used, deterministic, bitwise, tuple(checks))
-        checks.append("different inputs give different outputs")
 
-    return Verdict(True, "", worst_abs, worst_rel, tol_used, deterministic, bitwise, tuple(checks))
+        if res.late_change:
+            raise _Fail("late-write", f"outputs {res.late_change.get('outputs')} changed after the call of iteration "
+                                      f"{res.late_change.get('iter')} returned (work finished outside the timed call)")
+        n_timed = _check_timed(res, input_sets, references, reference_fn, names, errors, tolerance)
+        checks.append(f"{n_timed} timed iterations verified on fresh inputs")
+        if not timings_trusted:
+            checks.append("timing checks not judged (emulated device)")
+        elif res.probe_repeat_ns:
+            _check_probe(res)
+            checks.append("no caching of repeated inputs (TEST04)")
+        if flops and peak_gflops and timings_trusted:
+            fastest = float(min(res.samples_ns))
+            floor_ns = flops / (peak_gflops * ROOFLINE_MARGIN)
+            if fastest < floor_ns:
+                raise _Fail("impossible-timing", f"impossible timing: {fastest:.0f} ns for {flops:.3g} FLOP is "
+                                                 f"{flops / fastest:.1f} GFLOP/s, above the device's peak "
+                                                 f"{peak_gflops:.1f} GFLOP/s x {ROOFLINE_MARGIN}")
+            checks.append("within the device's roofline")
+    except _Fail as f:
+        return Verdict(False, f.reason, errors.max_abs, errors.max_rel, errors.tol, deterministic, bitwise,
+                       tuple(checks), f.code, errors.norm_rel)
+    return Verdict(True, "", errors.max_abs, errors.max_rel, errors.tol, True, bitwise, tuple(checks), "ok",
+                   errors.norm_rel, n_timed)
+
+
+def _check_timed(res: JobResult, input_sets, references, reference_fn, names, errors: _Errors, tolerance) -> int:
+    n = len(res.samples_ns)
+    first = res.first_timed_iter
+    if not res.timed_checks or first is None or res.fresh_seed is None:
+        raise _Fail("error", "the agent returned no outputs of timed iterations (protocol 2 needs them)")
+    iters = [c.iteration for c in res.timed_checks]
+    if len(set(iters)) != len(iters) or any(not (first <= it < first + n) for it in iters):
+        raise _Fail("error", f"timed checks name iterations {iters} outside the timed range [{first}, {first + n})")
+    replayed = []
+    for c in res.timed_checks:
+        inputs = fresh_inputs(input_sets, res.fresh_seed, c.iteration)
+        if c.input_sha256_after is None or list(c.input_sha256_after) != [array_sha256(a) for a in inputs]:
+            raise _Fail("input-mutated", f"timed iteration {c.iteration}: the candidate's input buffers differ from "
+                                         f"the inputs it was given (modified during the run)")
+        replayed.append(reference_fn(inputs))
+    # stale first: an output that repeats one computed for other inputs is named as such, not as "wrong"
+    seen = [(outs, refs, f"input set {i}") for i, (outs, refs) in enumerate(zip(res.outputs, references))]
+    for c, refs in zip(res.timed_checks, replayed):
+        for outs, other_refs, label in seen:
+            if _same(c.outputs, outs) and _refs_differ(refs, other_refs):
+                raise _Fail("stale-output", f"stale output: timed iteration {c.iteration} returned exactly the "
+                                            f"outputs of {label}, computed for other inputs")
+        seen.append((c.outputs, refs, f"timed iteration {c.iteration}"))
+    for c, refs in zip(res.timed_checks, replayed):
+        _check_outputs(f"timed iteration {c.iteration}", names, c.outputs, refs, errors, tolerance, timed=True)
+    return len(res.timed_checks)
+
+
+def _check_probe(res: JobResult) -> None:
+    rep, dist = res.probe_repeat_ns, res.probe_distinct_ns
+    if len(rep) < 3 or len(dist) < 3:
+        return
+    r, d = float(np.median(rep)), float(np.median(dist))
+    if r <= 0 or d / r > CACHE_RATIO:
+        raise _Fail("caching", f"caching: {d / max(r, 1.0):.1f}x faster on one repeated input than on distinct inputs "
+                               f"(median {r / 1e3:.1f} vs {d / 1e3:.1f} us; MLPerf TEST04)")

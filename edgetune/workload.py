@@ -8,6 +8,7 @@ leave the host.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -278,6 +279,18 @@ class Workload:
             self._references = [compute_reference(self.model, s) for s in self.input_sets]
         return self._references
 
+    def flops(self) -> float | None:
+        """FLOPs of one inference at this shape point (MatMul/Gemm/Conv multiply-adds x 2), for the
+        roofline check; None when they cannot be counted (TFLite models, unknown shapes)."""
+        if self.model.format != "onnx":
+            return None
+        return model_flops(str(self.model.path), self.model.sha256,
+                           tuple((n, tuple(s)) for n, s in self.input_shapes.items()))
+
+    def reference_for(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Reference outputs of any inputs of this shape point (e.g. a replayed timed iteration's)."""
+        return compute_reference(self.model, inputs)
+
 
 def build_workload(model: Model, bindings: Mapping[str, int], user_inputs: Mapping[str, np.ndarray] | None = None,
                    n_seeded: int = N_SEEDED_INPUTS, seed: int = 0) -> Workload:
@@ -332,17 +345,66 @@ def load_user_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
     return out
 
 
+@functools.lru_cache(maxsize=32)
+def model_flops(path: str, sha256: str, input_shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> float | None:
+    """2 x the multiply-adds of the model's MatMul, Gemm and Conv nodes at the given input shapes
+    (onnx shape inference); other ops are not counted, so this is a floor of the real work."""
+    import onnx
+
+    try:
+        m = onnx.load(path)
+        shapes = dict(input_shapes)
+        for vi in m.graph.input:
+            if vi.name in shapes:
+                dims = vi.type.tensor_type.shape.dim
+                for d, n in zip(dims, shapes[vi.name]):
+                    d.ClearField("dim_param")
+                    d.dim_value = int(n)
+        m = onnx.shape_inference.infer_shapes(m)
+    except Exception:  # noqa: BLE001 - no count is a skipped roofline check, not an error
+        return None
+    known: dict[str, tuple[int, ...]] = {}
+    for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            known[vi.name] = tuple(int(d.dim_value) for d in dims)
+    for init in m.graph.initializer:
+        known[init.name] = tuple(int(d) for d in init.dims)
+    macs = 0
+    for node in m.graph.node:
+        try:
+            if node.op_type in ("MatMul", "Gemm"):
+                a, b = known[node.input[0]], known[node.input[1]]
+                trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+                k = a[-2] if trans_a else a[-1]
+                out = known[node.output[0]]
+                macs += int(np.prod(out, dtype=np.int64)) * int(k)
+            elif node.op_type == "Conv":
+                w, out = known[node.input[1]], known[node.output[0]]
+                macs += int(np.prod(out, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+        except KeyError:
+            continue
+    return 2.0 * macs if macs else None
+
+
+@functools.lru_cache(maxsize=8)
+def _reference_session(path: str, sha256: str):
+    """One unoptimised single-thread onnxruntime session per model (keyed by content), reused for
+    the many references a tune computes (every job's checked timed iterations)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 4
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
 def compute_reference(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     try:
         if model.format == "onnx":
-            import onnxruntime as ort
-
-            so = ort.SessionOptions()
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            so.intra_op_num_threads = 1
-            so.inter_op_num_threads = 1
-            so.log_severity_level = 4
-            sess = ort.InferenceSession(str(model.path), so, providers=["CPUExecutionProvider"])
+            sess = _reference_session(str(model.path), model.sha256)
             feeds = {s.name: a for s, a in zip(model.inputs, inputs)}
             return [np.ascontiguousarray(o) for o in sess.run(None, feeds)]
         interp = _tflite_interpreter(model.path, reference=True)

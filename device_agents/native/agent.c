@@ -30,6 +30,7 @@
 #endif
 
 #define ERRLEN 1024
+#define ET_MAX_CHECKS 32
 
 /* ------------------------------------------------------------------ small utilities */
 
@@ -240,7 +241,7 @@ static int cmd_info(const char* dir) {
   uname(&u);
   sbuf o;
   sb_init(&o);
-  sb_raw(&o, "{\"protocol\":1,\"agent\":\"native\",\"agent_version\":");
+  sb_raw(&o, "{\"protocol\":2,\"agent\":\"native\",\"agent_version\":");
   sb_str(&o, ET_AGENT_VERSION);
   sb_raw(&o, ",\"arch\":");
   sb_str(&o, u.machine);
@@ -275,6 +276,21 @@ typedef struct {
   int have_before, have_after;
   int outputs_written; /* sets whose outputs were written */
   int rep_written;
+  char (*sha_after_sets)[65]; /* work buffers after each input set's run */
+  int have_after_sets;
+  long long first_timed_iter;
+  int n_kept;                   /* timed iterations kept for the host: reservoir slots, then fastest */
+  long long kept_iter[ET_MAX_CHECKS];
+  int64_t kept_ns[ET_MAX_CHECKS];
+  int kept_used[ET_MAX_CHECKS];
+  int kept_written;
+  char (*kept_sha)[65];         /* [ET_MAX_CHECKS * n_in] */
+  long long late_iter;          /* -1: none */
+  char late_outputs[128];
+  int64_t* probe_rep;
+  int64_t* probe_dist;
+  int n_probe;
+  char guard_violation[256];
   sbuf versions;
   sbuf details;
 } run_state;
@@ -316,7 +332,7 @@ static void device_state(sbuf* o) {
 static int write_result(run_state* r) {
   sbuf o;
   sb_init(&o);
-  sb_printf(&o, "{\"protocol\":1,\"status\":\"%s\",\"reason\":", r->status_ok ? "ok" : "error");
+  sb_printf(&o, "{\"protocol\":2,\"status\":\"%s\",\"reason\":", r->status_ok ? "ok" : "error");
   sb_str(&o, r->status_ok ? "" : r->reason);
   sb_raw(&o, ",\"agent\":\"native\",\"agent_version\":");
   sb_str(&o, ET_AGENT_VERSION);
@@ -334,9 +350,32 @@ static int write_result(run_state* r) {
   for (int k = 0; r->rep_written && k < r->n_out; k++) sb_printf(&o, "%s\"rep_%d.npy\"", k ? "," : "", k);
   sb_raw(&o, "],\"input_sha256_before\":[");
   for (int i = 0; r->have_before && i < r->n_sets * r->n_in; i++) sb_printf(&o, "%s\"%s\"", i ? "," : "", r->sha_before[i]);
-  sb_raw(&o, "],\"input_sha256_after\":[");
-  for (int i = 0; r->have_after && i < r->n_sets * r->n_in; i++) sb_printf(&o, "%s\"%s\"", i ? "," : "", r->sha_after[i]);
-  sb_raw(&o, "],\"device_state\":");
+  sb_raw(&o, "],\"input_sha256_after_sets\":[");
+  for (int i = 0; r->have_after_sets && i < r->n_sets; i++) {
+    sb_raw(&o, i ? ",[" : "[");
+    for (int k = 0; k < r->n_in; k++) sb_printf(&o, "%s\"%s\"", k ? "," : "", r->sha_after_sets[i * r->n_in + k]);
+    sb_raw(&o, "]");
+  }
+  sb_printf(&o, "],\"first_timed_iter\":%lld,\"timed_checks\":[", r->first_timed_iter);
+  for (int c = 0, first = 1; r->kept_written && c < ET_MAX_CHECKS; c++) {
+    if (!r->kept_used[c]) continue;
+    sb_printf(&o, "%s{\"iter\":%lld,\"outputs\":[", first ? "" : ",", r->kept_iter[c]);
+    first = 0;
+    for (int k = 0; k < r->n_out; k++) sb_printf(&o, "%s\"tim_%d_%d.npy\"", k ? "," : "", c, k);
+    sb_raw(&o, "],\"input_sha256_after\":[");
+    for (int k = 0; k < r->n_in; k++) sb_printf(&o, "%s\"%s\"", k ? "," : "", r->kept_sha[c * r->n_in + k]);
+    sb_raw(&o, "]}");
+  }
+  sb_raw(&o, "],\"late_change\":");
+  if (r->late_iter >= 0) sb_printf(&o, "{\"iter\":%lld,\"outputs\":[%s]}", r->late_iter, r->late_outputs);
+  else sb_raw(&o, "null");
+  sb_raw(&o, ",\"probe\":{\"repeat_ns\":[");
+  for (int i = 0; i < r->n_probe; i++) sb_printf(&o, "%s%lld", i ? "," : "", (long long)r->probe_rep[i]);
+  sb_raw(&o, "],\"distinct_ns\":[");
+  for (int i = 0; i < r->n_probe; i++) sb_printf(&o, "%s%lld", i ? "," : "", (long long)r->probe_dist[i]);
+  sb_raw(&o, "]},\"input_check\":\"runtime buffers\",\"guard_violation\":");
+  sb_str(&o, r->guard_violation);
+  sb_raw(&o, ",\"device_state\":");
   device_state(&o);
   sb_raw(&o, ",\"runtime_versions\":{");
   if (r->versions.p) sb_raw(&o, r->versions.p);
@@ -377,6 +416,79 @@ static int hash_inputs(et_tensor** sets, run_state* r, char (*out)[65]) {
   return 0;
 }
 
+/* ---- fresh inputs (PROTOCOL.md "Fresh inputs"), identical to edgetune/agent/fresh.py ---- */
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+static void fill_set(et_tensor* work, const et_tensor* base, int n_in) {
+  for (int k = 0; k < n_in; k++) memcpy(work[k].data, base[k].data, base[k].nbytes);
+}
+
+/* dst[i] = src[(i - o) mod n] for lo <= i < hi (np.roll(src, o)[lo:hi]), as at most two copies */
+static void copy_rolled(char* dst, const char* src, size_t n, size_t esz, size_t o, size_t lo, size_t hi) {
+  if (lo >= hi) return;
+  size_t s0 = (lo + n - o % n) % n;
+  size_t first = hi - lo < n - s0 ? hi - lo : n - s0;
+  memcpy(dst + lo * esz, src + s0 * esz, first * esz);
+  if (first < hi - lo) memcpy(dst + (lo + first) * esz, src, (hi - lo - first) * esz);
+}
+
+/* inputs of iteration t: elements [0, cut) from set a rolled by o1, [cut, n) from set b rolled by o2 */
+static void fill_fresh(et_tensor* work, et_tensor** sets, int n_sets, int n_in, uint64_t seed, long long t) {
+  for (int k = 0; k < n_in; k++) {
+    size_t esz = dtype_size(work[k].dtype);
+    size_t n = esz ? work[k].nbytes / esz : 0;
+    if (!n) continue;
+    uint64_t h1 = splitmix64(seed + ((uint64_t)t << 16) + (uint64_t)k);
+    uint64_t h2 = splitmix64(h1), h3 = splitmix64(h2);
+    int a = (int)(t % n_sets);
+    int b = n_sets > 1 ? (int)((a + 1 + (h3 >> 32) % (uint64_t)(n_sets - 1)) % (uint64_t)n_sets) : a;
+    size_t o1 = (size_t)(h1 % n), o2 = (size_t)(h2 % n), cut = (size_t)(h3 % (n + 1));
+    copy_rolled((char*)work[k].data, (const char*)sets[a][k].data, n, esz, o1, 0, cut);
+    copy_rolled((char*)work[k].data, (const char*)sets[b][k].data, n, esz, o2, cut, n);
+  }
+}
+
+static uint64_t urandom64(void) {
+  uint64_t v = 0;
+  FILE* f = fopen("/dev/urandom", "rb");
+  if (!f || fread(&v, sizeof v, 1, f) != 1) v = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 32);
+  if (f) fclose(f);
+  return v ? v : 0x2545F4914F6CDD1Dull;
+}
+
+static uint64_t xorshift(uint64_t* s) {
+  uint64_t x = *s;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *s = x;
+  return x * 0x2545F4914F6CDD1Dull;
+}
+
+/* -1 (and the job failed) when a candidate wrote outside a buffer it was given */
+static int guards_ok(run_state* r, const et_tensor* work, const et_tensor* outs) {
+  for (int pass = 0; pass < 2; pass++) {
+    const et_tensor* ts = pass ? work : outs;
+    int n = pass ? r->n_in : r->n_out;
+    for (int k = 0; k < n; k++) {
+      int g = tensor_guard_check(&ts[k]);
+      if (g) {
+        snprintf(r->guard_violation, sizeof r->guard_violation,
+                 "out-of-bounds write %s %s %d (its guard zone was overwritten)", g < 0 ? "before" : "past the end of",
+                 pass ? "input" : "output", k);
+        fail(r, "%s", r->guard_violation);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
 static int run_job(run_state* r) {
   char err[ERRLEN], path[PATH_MAX * 2];
   snprintf(path, sizeof path, "%s/request.json", r->jobdir);
@@ -392,13 +504,15 @@ static int run_job(run_state* r) {
   backend* be = NULL;
   et_tensor** sets = NULL;
   et_tensor* outs = NULL;
+  et_tensor* work = NULL;
+  et_tensor* kept = NULL;
   const char** in_names = NULL;
   const char** out_names = NULL;
   int loaded = 0;
 
   double proto;
-  if (json_num(json_get(req, "protocol"), &proto) || proto != 1) {
-    fail(r, "unsupported protocol (this agent speaks 1)%s", "");
+  if (json_num(json_get(req, "protocol"), &proto) || proto != 2) {
+    fail(r, "unsupported protocol (this agent speaks 2)%s", "");
     goto done;
   }
   const char* bname = json_str(json_get(req, "backend"));
@@ -466,7 +580,7 @@ static int run_job(run_state* r) {
       }
       shape[d] = (int64_t)v;
     }
-    if (tensor_alloc(&outs[k], dt, (int)sh->n, shape)) { fail(r, "cannot allocate output%s", ""); goto done; }
+    if (tensor_alloc_guarded(&outs[k], dt, (int)sh->n, shape)) { fail(r, "cannot allocate output%s", ""); goto done; }
   }
   double ts = 0;
   json_num(json_get(req, "timing_set"), &ts);
@@ -482,7 +596,7 @@ static int run_job(run_state* r) {
   loaded = 1;
   if (lrc) { fail(r, "load failed: %s", err); goto done; }
 
-  /* 3. inputs and their hashes */
+  /* 3. inputs and their hashes; the candidate never sees these, only the guarded work buffers */
   for (int i = 0; i < r->n_sets; i++) {
     sets[i] = (et_tensor*)calloc((size_t)r->n_in + 1, sizeof(et_tensor));
     if (!sets[i]) { fail(r, "out of memory%s", ""); goto done; }
@@ -492,40 +606,66 @@ static int run_job(run_state* r) {
       char ipath[PATH_MAX * 2];
       resolve(r->jobdir, p, ipath, sizeof ipath);
       if (npy_read(ipath, &sets[i][k], err, sizeof err)) { fail(r, "%s", err); goto done; }
+      if (i && (sets[i][k].nbytes != sets[0][k].nbytes || sets[i][k].dtype != sets[0][k].dtype)) {
+        fail(r, "input sets must agree in shapes and dtypes%s", "");
+        goto done;
+      }
     }
   }
   hash_inputs(sets, r, r->sha_before);
   r->have_before = 1;
+  work = (et_tensor*)calloc((size_t)r->n_in + 1, sizeof(et_tensor));
+  r->sha_after_sets = calloc((size_t)(r->n_sets * r->n_in) + 1, 65);
+  r->kept_sha = calloc((size_t)(ET_MAX_CHECKS * r->n_in) + 1, 65);
+  kept = (et_tensor*)calloc((size_t)(ET_MAX_CHECKS * r->n_out) + 1, sizeof(et_tensor));
+  if (!work || !r->sha_after_sets || !r->kept_sha || !kept) { fail(r, "out of memory%s", ""); goto done; }
+  for (int k = 0; k < r->n_in; k++)
+    if (tensor_alloc_guarded(&work[k], sets[0][k].dtype, sets[0][k].ndim, sets[0][k].shape)) {
+      fail(r, "cannot allocate input%s", "");
+      goto done;
+    }
+  if (be->bind(be, work, outs, err, sizeof err)) { fail(r, "bind failed: %s", err); goto done; }
 
-  /* 4. every input set once, outputs poisoned before each run */
+  double fresh_seed_d = 0, checks_d = 4, fastest_d = 2, probe_d = 8;
+  json_num(json_get(req, "fresh_seed"), &fresh_seed_d);
+  json_num(json_get(req, "check_iters"), &checks_d);
+  json_num(json_get(req, "check_fastest"), &fastest_d);
+  json_num(json_get(req, "probe_pairs"), &probe_d);
+  uint64_t seed = (uint64_t)fresh_seed_d;
+  int n_checks = checks_d < 1 ? 1 : checks_d > ET_MAX_CHECKS / 2 ? ET_MAX_CHECKS / 2 : (int)checks_d;
+  int n_fastest = fastest_d < 0 ? 0 : fastest_d > ET_MAX_CHECKS / 2 ? ET_MAX_CHECKS / 2 : (int)fastest_d;
+  int n_probe = probe_d < 0 ? 0 : probe_d > 1000 ? 1000 : (int)probe_d;
+
+  /* 4. every input set once into poisoned outputs, then set 0 again (determinism) */
   for (int i = 0; i < r->n_sets; i++) {
+    fill_set(work, sets[i], r->n_in);
     for (int k = 0; k < r->n_out; k++) tensor_poison(&outs[k]);
-    if (be->bind(be, sets[i], outs, err, sizeof err) || be->run(be, err, sizeof err)) {
+    if (be->run(be, err, sizeof err)) {
       char msg[ERRLEN + 64];
       snprintf(msg, sizeof msg, "input set %d: %s", i, err);
       fail(r, "run failed: %s", msg);
       goto done;
     }
+    if (guards_ok(r, work, outs)) goto done;
+    for (int k = 0; k < r->n_in; k++) sha256_hex(work[k].data, work[k].nbytes, r->sha_after_sets[i * r->n_in + k]);
     for (int k = 0; k < r->n_out; k++) {
       snprintf(path, sizeof path, "%s/out_%d_%d.npy", r->jobdir, i, k);
       if (npy_write(path, &outs[k], err, sizeof err)) { fail(r, "%s", err); goto done; }
     }
     r->outputs_written = i + 1;
   }
-
-  /* 5. the timing set again, for the host's determinism check */
+  r->have_after_sets = 1;
+  fill_set(work, sets[0], r->n_in);
   for (int k = 0; k < r->n_out; k++) tensor_poison(&outs[k]);
-  if (be->bind(be, sets[timing_set], outs, err, sizeof err) || be->run(be, err, sizeof err)) {
-    fail(r, "repeat run failed: %s", err);
-    goto done;
-  }
+  if (be->run(be, err, sizeof err)) { fail(r, "repeat run failed: %s", err); goto done; }
+  if (guards_ok(r, work, outs)) goto done;
   for (int k = 0; k < r->n_out; k++) {
     snprintf(path, sizeof path, "%s/rep_%d.npy", r->jobdir, k);
     if (npy_write(path, &outs[k], err, sizeof err)) { fail(r, "%s", err); goto done; }
   }
   r->rep_written = 1;
 
-  /* 6. warm up, estimate, time one iteration at a time */
+  /* 5. warm up on fresh inputs (iterations 0..W-1), estimate, then time one iteration at a time */
   double warmup_ms = 0, budget_ms = 0, min_iters = 1, max_iters = 100000;
   json_num(json_get(req, "warmup_ms"), &warmup_ms);
   json_num(json_get(req, "budget_ms"), &budget_ms);
@@ -533,32 +673,128 @@ static int run_job(run_state* r) {
   json_num(json_get(req, "max_iters"), &max_iters);
   if (min_iters < 1) min_iters = 1;
   if (max_iters < min_iters) max_iters = min_iters;
-  int64_t w0 = now_ns(), w_el;
-  long long wi = 0;
+  long long t = 0;
+  int64_t spent = 0;
   do {
+    fill_fresh(work, sets, r->n_sets, r->n_in, seed, t);
+    for (int k = 0; k < r->n_out; k++) tensor_poison(&outs[k]);
+    int64_t a = now_ns();
     if (be->run(be, err, sizeof err)) { fail(r, "warm-up run failed: %s", err); goto done; }
-    wi++;
-    w_el = now_ns() - w0;
-  } while ((double)w_el < warmup_ms * 1e6);
-  r->warmup_iters = wi;
-  double est = (double)w_el / (double)wi;
+    spent += now_ns() - a;
+    t++;
+  } while ((double)spent < warmup_ms * 1e6 && (double)t < max_iters); /* bounded whatever the clock says */
+  if (guards_ok(r, work, outs)) goto done;
+  r->warmup_iters = t;
+  r->first_timed_iter = t;
+  double est = (double)spent / (double)t;
   if (est < 1) est = 1;
   double n = ceil(budget_ms * 1e6 / est);
   if (n < min_iters) n = min_iters;
   if (n > max_iters) n = max_iters;
   r->samples = (int64_t*)malloc((size_t)n * sizeof(int64_t));
   if (!r->samples) { fail(r, "out of memory%s", ""); goto done; }
-  for (size_t i = 0; i < (size_t)n; i++) {
+  uint64_t rng = urandom64();
+  for (size_t j = 0; j < (size_t)n; j++, t++) {
+    fill_fresh(work, sets, r->n_sets, r->n_in, seed, t);
+    for (int k = 0; k < r->n_out; k++) tensor_poison(&outs[k]);
     int64_t a = now_ns();
     int brc = be->run(be, err, sizeof err);
     int64_t b = now_ns();
     if (brc) { fail(r, "timed run failed: %s", err); goto done; }
     r->samples[r->n_samples++] = b - a;
+    /* reservoir: kept or not is decided after the call returned, from the OS's randomness */
+    int slots[2] = {-1, -1};
+    if ((long long)j < n_checks) slots[0] = (int)j;
+    else {
+      uint64_t pick = xorshift(&rng) % (uint64_t)(j + 1);
+      if (pick < (uint64_t)n_checks) slots[0] = (int)pick;
+    }
+    /* and the fastest iterations: work a candidate skipped would make an iteration fast */
+    if (n_fastest) {
+      int slowest = -1;
+      for (int f = 0; f < n_fastest; f++) {
+        int sl = n_checks + f;
+        if (!r->kept_used[sl]) { slowest = sl; break; }
+        if (slowest < 0 || r->kept_ns[sl] > r->kept_ns[slowest]) slowest = sl;
+      }
+      if (!r->kept_used[slowest] || r->samples[j] < r->kept_ns[slowest]) slots[1] = slowest;
+    }
+    for (int q = 0; q < 2; q++) {
+      int slot = slots[q];
+      if (slot < 0) continue;
+      if (guards_ok(r, work, outs)) goto done;
+      r->kept_iter[slot] = t;
+      r->kept_ns[slot] = r->samples[j];
+      r->kept_used[slot] = 1;
+      for (int k = 0; k < r->n_out; k++) {
+        et_tensor* kt = &kept[slot * r->n_out + k];
+        if (!kt->data && tensor_alloc(kt, outs[k].dtype, outs[k].ndim, outs[k].shape)) {
+          fail(r, "out of memory%s", "");
+          goto done;
+        }
+        memcpy(kt->data, outs[k].data, outs[k].nbytes);
+      }
+      for (int k = 0; k < r->n_in; k++) sha256_hex(work[k].data, work[k].nbytes, r->kept_sha[slot * r->n_in + k]);
+    }
+  }
+  if (guards_ok(r, work, outs)) goto done;
+
+  /* 6. MLPerf TEST04-style probe: one input repeated vs distinct inputs, interleaved */
+  r->probe_rep = (int64_t*)calloc((size_t)n_probe + 1, sizeof(int64_t));
+  r->probe_dist = (int64_t*)calloc((size_t)n_probe + 1, sizeof(int64_t));
+  if (!r->probe_rep || !r->probe_dist) { fail(r, "out of memory%s", ""); goto done; }
+  long long rep_t = t++;
+  for (int i = 0; i < n_probe; i++) {
+    fill_fresh(work, sets, r->n_sets, r->n_in, seed, rep_t);
+    int64_t a = now_ns();
+    if (be->run(be, err, sizeof err)) { fail(r, "probe run failed: %s", err); goto done; }
+    r->probe_rep[i] = now_ns() - a;
+    fill_fresh(work, sets, r->n_sets, r->n_in, seed, t++);
+    a = now_ns();
+    if (be->run(be, err, sizeof err)) { fail(r, "probe run failed: %s", err); goto done; }
+    r->probe_dist[i] = now_ns() - a;
+    r->n_probe = i + 1;
+  }
+  if (guards_ok(r, work, outs)) goto done;
+
+  /* 7. the last call's outputs must not change after it returned (work left to a thread); last, so
+   *    nothing a candidate left running can still write into buffers the agent frees */
+  {
+    et_tensor* snap = (et_tensor*)calloc((size_t)r->n_out + 1, sizeof(et_tensor));
+    if (!snap) { fail(r, "out of memory%s", ""); goto done; }
+    int ok = 1;
+    for (int k = 0; k < r->n_out && ok; k++) {
+      ok = !tensor_alloc(&snap[k], outs[k].dtype, outs[k].ndim, outs[k].shape);
+      if (ok) memcpy(snap[k].data, outs[k].data, outs[k].nbytes);
+    }
+    if (ok) {
+      double wait_ns = 3.0 * est > 5e7 ? 3.0 * est : 5e7;
+      struct timespec ts = {(time_t)(wait_ns / 1e9), (long)fmod(wait_ns, 1e9)};
+      nanosleep(&ts, NULL);
+      r->late_iter = -1;
+      for (int k = 0; k < r->n_out; k++)
+        if (memcmp(snap[k].data, outs[k].data, outs[k].nbytes)) {
+          size_t len = strlen(r->late_outputs);
+          snprintf(r->late_outputs + len, sizeof r->late_outputs - len, "%s%d", len ? "," : "", k);
+          r->late_iter = t - 1;
+        }
+    }
+    for (int k = 0; k < r->n_out; k++) tensor_free(&snap[k]);
+    free(snap);
+    if (!ok) { fail(r, "out of memory%s", ""); goto done; }
   }
 
-  /* 7. inputs unchanged? (the host compares) */
-  hash_inputs(sets, r, r->sha_after);
-  r->have_after = 1;
+  for (int c = 0; c < ET_MAX_CHECKS; c++) {
+    if (!r->kept_used[c]) continue;
+    for (int d = 0; d < c; d++)
+      if (r->kept_used[d] && r->kept_iter[d] == r->kept_iter[c]) r->kept_used[c] = 0; /* same iteration twice */
+    if (!r->kept_used[c]) continue;
+    for (int k = 0; k < r->n_out; k++) {
+      snprintf(path, sizeof path, "%s/tim_%d_%d.npy", r->jobdir, c, k);
+      if (npy_write(path, &kept[c * r->n_out + k], err, sizeof err)) { fail(r, "%s", err); goto done; }
+    }
+  }
+  r->kept_written = 1;
   r->status_ok = 1;
   rc = 0;
 
@@ -573,6 +809,10 @@ done:
     free(sets[i]);
   }
   free(sets);
+  for (int k = 0; work && k < r->n_in; k++) tensor_free(&work[k]);
+  free(work);
+  for (int i = 0; kept && i < ET_MAX_CHECKS * r->n_out; i++) tensor_free(&kept[i]);
+  free(kept);
   for (int k = 0; outs && k < r->n_out; k++) tensor_free(&outs[k]);
   free(outs);
   free(in_names);
@@ -593,11 +833,16 @@ static int cmd_run(const char* jobdir, const char* dir) {
   sb_init(&r.details);
   snprintf(r.jobdir, sizeof r.jobdir, "%s", jobdir);
   snprintf(r.agent_dir, sizeof r.agent_dir, "%s", dir);
+  r.late_iter = -1;
   run_job(&r);
   int wrc = write_result(&r);
   free(r.samples);
   free(r.sha_before);
   free(r.sha_after);
+  free(r.sha_after_sets);
+  free(r.kept_sha);
+  free(r.probe_rep);
+  free(r.probe_dist);
   sb_free(&r.versions);
   sb_free(&r.details);
   return wrc ? 1 : 0; /* a clean backend failure is still exit 0 */

@@ -78,8 +78,47 @@ int tensor_alloc(et_tensor* t, et_dtype dtype, int ndim, const int64_t* shape) {
 }
 
 void tensor_free(et_tensor* t) {
-  free(t->data);
+  free(t->base ? t->base : t->data);
   t->data = NULL;
+  t->base = NULL;
+}
+
+static unsigned char guard_byte(size_t i) { return (unsigned char)(0x5Au ^ (i * 131u)); }
+
+int tensor_alloc_guarded(et_tensor* t, et_dtype dtype, int ndim, const int64_t* shape) {
+  et_tensor probe;
+  if (tensor_alloc(&probe, dtype, ndim, shape)) return -1;
+  size_t body = (probe.nbytes + 63) / 64 * 64;
+  void* base;
+  if (posix_memalign(&base, 64, body + 2 * (size_t)ET_GUARD_BYTES)) {
+    tensor_free(&probe);
+    return -1;
+  }
+  *t = probe;
+  free(probe.data);
+  t->base = base;
+  t->guard = ET_GUARD_BYTES;
+  t->data = (char*)base + ET_GUARD_BYTES;
+  memset(t->data, 0, body);
+  unsigned char* lo = (unsigned char*)base;
+  unsigned char* hi = (unsigned char*)t->data + t->nbytes;
+  size_t hi_len = body - t->nbytes + ET_GUARD_BYTES;
+  for (size_t i = 0; i < ET_GUARD_BYTES; i++) lo[i] = guard_byte(i);
+  for (size_t i = 0; i < hi_len; i++) hi[i] = guard_byte(i);
+  return 0;
+}
+
+int tensor_guard_check(const et_tensor* t) {
+  if (!t->base || !t->guard) return 0;
+  const unsigned char* lo = (const unsigned char*)t->base;
+  for (size_t i = 0; i < t->guard; i++)
+    if (lo[i] != guard_byte(i)) return -1;
+  size_t body = (t->nbytes + 63) / 64 * 64;
+  const unsigned char* hi = (const unsigned char*)t->data + t->nbytes;
+  size_t hi_len = body - t->nbytes + t->guard;
+  for (size_t i = 0; i < hi_len; i++)
+    if (hi[i] != guard_byte(i)) return 1;
+  return 0;
 }
 
 void tensor_poison(et_tensor* t) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""edgetune device agent (Python), protocol 1 — see device_agents/PROTOCOL.md.
+"""edgetune device agent (Python), protocol 2 — see device_agents/PROTOCOL.md.
 
 Runs ON the device. Standard library + numpy + whichever runtime the job names (onnxruntime,
 ai_edge_litert / tflite_runtime, tvm). It never sees a reference output: it runs, times and returns
@@ -14,9 +14,10 @@ import platform
 import sys
 import time
 
-PROTOCOL = 1
+PROTOCOL = 2
 AGENT = "python"
-AGENT_VERSION = "1.0.0"
+AGENT_VERSION = "2.0.0"
+M64 = (1 << 64) - 1
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -203,11 +204,14 @@ class OrtBackend:
         self.out_bufs = [np.empty(o["shape"], dtype=o["dtype"]) for o in outputs]
         self._bound_inputs = None
 
+    input_check = "runtime buffers"  # onnxruntime reads the agent's buffers, bound by pointer
+
     def bind(self, inputs):
         if self._bound_inputs is not inputs:
             self.binding.clear_binding_inputs()
             for name, arr in zip(self.input_names, inputs):
-                self.binding.bind_cpu_input(name, arr)
+                # by pointer, no copy: the agent rewrites these buffers with fresh inputs in place
+                self.binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
             self.binding.clear_binding_outputs()
             for o, buf in zip(self.outputs, self.out_bufs):
                 self.binding.bind_output(o["name"], "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
@@ -225,8 +229,14 @@ class OrtBackend:
     def results(self):
         return [b.copy() for b in self.out_bufs]
 
+    def live(self):
+        return self.out_bufs
+
 
 class TfliteBackend:
+    # the interpreter copies inputs into its own arena (set_tensor, every run): what it reads is that copy
+    input_check = "agent copy (the interpreter copies inputs)"
+
     def __init__(self, model_path, params, input_names, outputs):
         import numpy as np
 
@@ -255,10 +265,8 @@ class TfliteBackend:
             self.interp.allocate_tensors()
             self._allocated_for = shapes
             self._current = None
-        if self._current is not inputs:
-            for d, a in zip(self.in_details, inputs):
-                self.interp.set_tensor(d["index"], a)
-            self._current = inputs
+        for d, a in zip(self.in_details, inputs):  # every run: the agent changes inputs in place
+            self.interp.set_tensor(d["index"], a)
 
     def poison(self):
         if self._allocated_for is None:
@@ -298,6 +306,8 @@ class TvmRelaxBackend:
         self._args = None
         self._last = None
 
+    input_check = "agent copy (the VM's tensors are copied from the agent's buffers)"
+
     def _tensor(self, a):
         tvm = self.tvm
         if hasattr(tvm.runtime, "tensor"):
@@ -311,6 +321,9 @@ class TvmRelaxBackend:
         if self._cache_key is not inputs:
             self._args = [self._tensor(a) for a in inputs]
             self._cache_key = inputs
+        else:  # every run: the agent changes inputs in place
+            for t, a in zip(self._args, inputs):
+                t.copyfrom(a)
         self._last = self.fn(*self._args)
 
     def results(self):
@@ -331,17 +344,24 @@ class AdapterBackend:
         spec.loader.exec_module(mod)
         self.fn = mod.load(model_path, params)
         self._last = None
+        import numpy as np
+
+        self.np = np
+
+    input_check = "runtime buffers"  # the adapter gets the agent's arrays themselves
 
     def poison(self):
         pass
 
     def run(self, inputs):
-        self._last = self.fn(inputs)
+        # materialised inside the timed region: a lazily computed result pays for itself here
+        self._last = [self.np.asarray(o) for o in self.fn(inputs)]
 
     def results(self):
-        import numpy as np
+        return [self.np.array(o) for o in self._last]
 
-        return [np.array(o) for o in self._last]
+    def live(self):
+        return self._last
 
 
 BACKENDS = {"ort": OrtBackend, "tflite": TfliteBackend, "tvm-relax": TvmRelaxBackend, "adapter": AdapterBackend}
@@ -359,6 +379,96 @@ def _write_json_atomic(path, obj):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def fresh_params(seed, t, k, n, n_sets):
+    """PROTOCOL.md "Fresh inputs": (set a, shift o1, set b, shift o2, cut) of input k at iteration t."""
+    h1 = splitmix64((seed + (t << 16) + k) & M64)
+    h2 = splitmix64(h1)
+    h3 = splitmix64(h2)
+    a = t % n_sets
+    b = (a + 1 + (h3 >> 32) % (n_sets - 1)) % n_sets if n_sets > 1 else a
+    return a, h1 % n if n else 0, b, h2 % n if n else 0, h3 % (n + 1)
+
+
+def _copy_rolled(dst, src, o, lo, hi):
+    """dst[i] = src[(i - o) mod n] for lo <= i < hi (np.roll(src, o)[lo:hi]), as at most two copies."""
+    n = src.size
+    if lo >= hi:
+        return
+    s0 = (lo - o) % n
+    first = min(hi - lo, n - s0)
+    dst[lo:lo + first] = src[s0:s0 + first]
+    if first < hi - lo:
+        dst[lo + first:hi] = src[:hi - lo - first]
+
+
+def fill_fresh(work, sets, seed, t):
+    """Inputs of iteration t, written in place into the work buffers the backend reads."""
+    for k, w in enumerate(work):
+        wf = w.reshape(-1)
+        n = wf.size
+        a, o1, b, o2, cut = fresh_params(seed, t, k, n, len(sets))
+        _copy_rolled(wf, sets[a][k].reshape(-1), o1, 0, cut)
+        _copy_rolled(wf, sets[b][k].reshape(-1), o2, cut, n)
+
+
+def fill_set(work, base):
+    for w, b in zip(work, base):
+        w[...] = b
+
+
+class Reservoir:
+    """Keeps `size` timed iterations chosen uniformly at random, each decided AFTER the iteration
+    returned, from the OS's randomness: a candidate cannot know which of its results are checked."""
+
+    def __init__(self, size):
+        import random
+
+        self.size = size
+        self.seen = 0
+        self.rng = random.SystemRandom()
+        self.kept = []  # (iteration, outputs, input sha256s)
+
+    def offer(self, t, snapshot):
+        self.seen += 1
+        if len(self.kept) < self.size:
+            self.kept.append((t,) + snapshot())
+            return
+        j = self.rng.randrange(self.seen)
+        if j < self.size:
+            self.kept[j] = (t,) + snapshot()
+
+
+class Fastest:
+    """Keeps the `size` fastest timed iterations: work a candidate skipped makes an iteration fast,
+    so the iterations a speedup would rest on are the ones checked, whatever the candidate does."""
+
+    def __init__(self, size):
+        self.size = size
+        self.kept = []  # (ns, iteration, outputs, input sha256s)
+
+    def offer(self, ns, t, snapshot):
+        if len(self.kept) < self.size:
+            self.kept.append((ns, t) + snapshot())
+            return
+        slowest = max(range(len(self.kept)), key=lambda i: self.kept[i][0])
+        if ns < self.kept[slowest][0]:
+            self.kept[slowest] = (ns, t) + snapshot()
+
+
+def _save(jobdir, name, arr):
+    import numpy as np
+
+    np.save(os.path.join(jobdir, name), arr, allow_pickle=False)
+    return name
 
 
 def run_job(jobdir, req):
@@ -393,11 +503,16 @@ def run_job(jobdir, req):
     elif backend_name == "adapter":
         extra["adapter_path"] = artifact
 
-    input_sets = [[np.load(_path(jobdir, f), allow_pickle=False) for f in files] for f_i, files in
-                  enumerate(req["inputs"])]
+    # the host's input sets stay with the agent; the candidate only ever sees the work buffers
+    input_sets = [[np.load(_path(jobdir, f), allow_pickle=False) for f in files] for files in req["inputs"]]
     result["input_sha256_before"] = [sha256_array(a) for s in input_sets for a in s]
+    work = [np.empty_like(a) for a in input_sets[0]]
     params = req.get("params", {})
     result["runtime_versions"] = backend_versions(backend_name)
+    seed = int(req.get("fresh_seed", 0)) & M64
+    n_checks = max(1, int(req.get("check_iters", 4)))
+    n_fastest = max(0, int(req.get("check_fastest", 2)))
+    probe_pairs = max(0, int(req.get("probe_pairs", 8)))
 
     t0 = time.perf_counter_ns()
     try:
@@ -407,58 +522,106 @@ def run_job(jobdir, req):
                                                       if str(exc).strip() else "")
         return result
     result["load_ms"] = (time.perf_counter_ns() - t0) / 1e6
+    result["input_check"] = getattr(backend, "input_check", "agent copy")
 
-    out_files = []
+    def work_sha():
+        return [sha256_array(a) for a in work]
+
+    clock = time.perf_counter_ns
     try:
-        for i, inputs in enumerate(input_sets):
+        # 1. every input set once into poisoned outputs, then set 0 again (determinism)
+        out_files, after = [], []
+        for i, base in enumerate(input_sets):
+            fill_set(work, base)
             backend.poison()
-            backend.run(inputs)
-            names = []
-            for k, arr in enumerate(backend.results()):
-                name = "out_%d_%d.npy" % (i, k)
-                np.save(os.path.join(jobdir, name), arr, allow_pickle=False)
-                names.append(name)
-            out_files.append(names)
+            backend.run(work)
+            out_files.append([_save(jobdir, "out_%d_%d.npy" % (i, k), a) for k, a in enumerate(backend.results())])
+            after.append(work_sha())
         result["outputs"] = out_files
-
-        ts = int(req.get("timing_set", 0))
-        timed = input_sets[ts]
+        result["input_sha256_after_sets"] = after
+        fill_set(work, input_sets[0])
         backend.poison()
-        backend.run(timed)
-        reps = []
-        for k, arr in enumerate(backend.results()):
-            name = "rep_%d.npy" % k
-            np.save(os.path.join(jobdir, name), arr, allow_pickle=False)
-            reps.append(name)
-        result["repeat_outputs"] = reps
+        backend.run(work)
+        result["repeat_outputs"] = [_save(jobdir, "rep_%d.npy" % k, a) for k, a in enumerate(backend.results())]
 
-        # warm-up (discarded), then an iteration count from the estimate
+        # 2. warm-up on fresh inputs (iterations 0..W-1), then an iteration count from the estimate
         warmup_ns = float(req.get("warmup_ms", 20.0)) * 1e6
-        clock = time.perf_counter_ns
-        w_iters = 0
-        w_start = clock()
+        max_iters = int(req.get("max_iters", 100000))
+        t = 0
+        spent = 0
         while True:
-            backend.run(timed)
-            w_iters += 1
-            if clock() - w_start >= warmup_ns:
+            fill_fresh(work, input_sets, seed, t)
+            backend.poison()
+            s0 = clock()
+            backend.run(work)
+            spent += clock() - s0
+            t += 1
+            if spent >= warmup_ns or t >= max_iters:  # bounded even if the clock is not to be trusted
                 break
-        est = (clock() - w_start) / w_iters
+        result["warmup_iters"] = t
+        result["first_timed_iter"] = t
+        est = spent / t
         budget_ns = float(req.get("budget_ms", 200.0)) * 1e6
         n = int(budget_ns // est) if est > 0 else 1
         n = max(int(req.get("min_iters", 3)), min(int(req.get("max_iters", 100000)), n))
+
+        # 3. timed iterations: every one on inputs the candidate has not seen, outputs poisoned
+        #    before it; a random few (decided after they return) go back to the host to be verified
         samples = [0] * n
+        keep = Reservoir(n_checks)
+        fastest = Fastest(n_fastest)
         run = backend.run
-        for i in range(n):
-            s = clock()
-            run(timed)
-            samples[i] = clock() - s
-        result["warmup_iters"] = w_iters
+        for j in range(n):
+            fill_fresh(work, input_sets, seed, t)
+            backend.poison()
+            s0 = clock()
+            run(work)
+            samples[j] = clock() - s0
+            snap = lambda: (backend.results(), work_sha())  # noqa: E731 - taken only if kept
+            keep.offer(t, snap)
+            fastest.offer(samples[j], t, snap)
+            t += 1
         result["samples_ns"] = samples
+        checks = []
+        chosen = {k[0]: k for k in keep.kept}
+        for f in fastest.kept:
+            chosen.setdefault(f[1], f[1:])
+        for c, (it, outs, shas) in enumerate(sorted(chosen.values(), key=lambda x: x[0])):
+            names = [_save(jobdir, "tim_%d_%d.npy" % (c, k), a) for k, a in enumerate(outs)]
+            checks.append({"iter": it, "outputs": names, "input_sha256_after": shas})
+        result["timed_checks"] = checks
+
+        # 4. MLPerf TEST04-style probe: one input repeated vs distinct inputs, interleaved
+        rep_ns, dist_ns = [], []
+        rep_t = t
+        t += 1
+        for _ in range(probe_pairs):
+            fill_fresh(work, input_sets, seed, rep_t)
+            s0 = clock()
+            run(work)
+            rep_ns.append(clock() - s0)
+            fill_fresh(work, input_sets, seed, t)
+            t += 1
+            s0 = clock()
+            run(work)
+            dist_ns.append(clock() - s0)
+        result["probe"] = {"repeat_ns": rep_ns, "distinct_ns": dist_ns}
+        # 5. the last call's outputs must not change after it returned (work left to a thread); last, so
+        #    nothing a candidate left running can still write into buffers the agent frees
+        live = getattr(backend, "live", None)
+        if live is not None:
+            snap = [np.array(a, copy=True) for a in live()]
+            time.sleep(max(0.05, 3 * float(sorted(samples)[n // 2]) / 1e9))
+            changed = [k for k, (a, b) in enumerate(zip(snap, live()))
+                       if a.shape != np.shape(b) or not np.array_equal(a, np.asarray(b), equal_nan=True)]
+            result["late_change"] = {"iter": t - 1, "outputs": changed} if changed else None
+        else:
+            result["late_change"] = None
+
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         result["reason"] = "run failed: %s: %s" % (type(exc).__name__, msg)
         return result
-    result["input_sha256_after"] = [sha256_array(a) for s in input_sets for a in s]
     result["device_state_after"] = device_state()
     result["status"] = "ok"
     return result

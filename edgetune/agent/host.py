@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -28,7 +29,10 @@ from edgetune.devices.inventory import DeviceSpec, fingerprint_key, open_transpo
 from edgetune.errors import DeviceError, DeviceUnreachable
 from edgetune.hashing import sha256_file
 
-PROTOCOL = 1
+PROTOCOL = 2
+CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
+CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
+PROBE_PAIRS = 8  # TEST04 probe: repeated-input vs distinct-input iterations
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_AGENT = REPO_ROOT / "device_agents" / "python" / "edgetune_agent.py"
 
@@ -66,6 +70,20 @@ class Job:
     min_iters: int = 3
     max_iters: int = 100_000
     timeout_s: float = 120.0
+    # seed of the fresh inputs of timed iterations: chosen by the host per job, never reused
+    fresh_seed: int = field(default_factory=lambda: secrets.randbits(52))  # exact in a JSON double
+    check_iters: int = CHECK_ITERS
+    check_fastest: int = CHECK_FASTEST
+    probe_pairs: int = PROBE_PAIRS
+
+
+@dataclass(frozen=True)
+class TimedCheck:
+    """Outputs of one timed iteration the agent kept (chosen after it returned)."""
+
+    iteration: int
+    outputs: list[np.ndarray | None]
+    input_sha256_after: list[str] | None
 
 
 @dataclass
@@ -80,6 +98,15 @@ class JobResult:
     load_ms: float | None = None
     runtime_versions: dict[str, Any] = field(default_factory=dict)
     device_state: dict[str, Any] = field(default_factory=dict)
+    input_sha256_after_sets: list[list[str]] | None = None  # work buffers after each input set's run
+    timed_checks: list[TimedCheck] = field(default_factory=list)
+    first_timed_iter: int | None = None
+    fresh_seed: int | None = None
+    late_change: dict[str, Any] | None = None
+    probe_repeat_ns: list[int] = field(default_factory=list)
+    probe_distinct_ns: list[int] = field(default_factory=list)
+    input_check: str = ""
+    guard_violation: str = ""  # native agent: a guard zone around a buffer was overwritten
     wall_ms: float = 0.0  # host-side wall time of the whole job (transfer + process + run)
     agent_ms: float = 0.0  # time of the remote agent command alone
 
@@ -309,7 +336,9 @@ class AgentClient:
                     "artifact_sha256": digest, "params": self._agent_params(job.backend, job.params), "input_names": job.input_names,
                     "inputs": inputs, "outputs": job.output_specs, "timing_set": job.timing_set,
                     "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
-                    "max_iters": job.max_iters,
+                    "max_iters": job.max_iters, "fresh_seed": job.fresh_seed, "check_iters": job.check_iters,
+                    "check_fastest": job.check_fastest,
+                    "probe_pairs": job.probe_pairs,
                 }
                 if model:
                     request["model"] = model
@@ -374,6 +403,8 @@ class AgentClient:
             input_sha256_after=data.get("input_sha256_after"),
             load_ms=data.get("load_ms"), runtime_versions=data.get("runtime_versions", {}),
             device_state=data.get("device_state", {}),
+            fresh_seed=job.fresh_seed,
+            guard_violation=str(data.get("guard_violation") or ""),
         )
         if res.status != "ok":
             res.status = "error"
@@ -390,6 +421,16 @@ class AgentClient:
 
         res.outputs = [[load(n) for n in row] for row in data.get("outputs", [])]
         res.repeat_outputs = [load(n) for n in data.get("repeat_outputs", [])]
+        res.input_sha256_after_sets = data.get("input_sha256_after_sets")
+        res.timed_checks = [TimedCheck(int(c.get("iter", -1)), [load(n) for n in c.get("outputs", [])],
+                                       c.get("input_sha256_after"))
+                            for c in data.get("timed_checks", []) if isinstance(c, dict)]
+        res.first_timed_iter = data.get("first_timed_iter")
+        res.late_change = data.get("late_change")
+        probe = data.get("probe") or {}
+        res.probe_repeat_ns = list(probe.get("repeat_ns", []))
+        res.probe_distinct_ns = list(probe.get("distinct_ns", []))
+        res.input_check = str(data.get("input_check", ""))
         return res
 
     def close(self) -> None:

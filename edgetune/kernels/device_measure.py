@@ -286,3 +286,13 @@ def device_target(info: AgentInfo, cpuinfo: str = "") -> tuple[dict[str, Any], s
     t = device_kernel_target(info, cpuinfo)
     cross = t.cross_cc if t.arch != "x86_64" else None
     return dict(t.tvm_target), cross or None
+
+
+def device_peak_gflops(client: AgentClient, info: AgentInfo) -> float | None:
+    """The device's fp32 peak (cores x clock x FMA lanes x 2) for the roofline check; None when a
+    factor is unknown (then no timing is rejected as impossible)."""
+    try:
+        c = client.transport.run(["cat", "/proc/cpuinfo"], timeout=30)
+        return device_kernel_target(info, c.text() if c.ok else "").fp32_peak_gflops()
+    except (UserInputError, DeviceError):
+        return None

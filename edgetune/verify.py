@@ -159,9 +159,10 @@ class _Errors:
 
 
 def _check_outputs(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
-                   errors: _Errors, override: float | None, timed: bool = False) -> None:
+                   errors: _Errors, override: float | None, timed: bool = False,
+                   dtypes: Sequence[str] | None = None) -> None:
     try:
-        _check_values(where, names, outs, refs, errors, override)
+        _check_values(where, names, outs, refs, errors, override, dtypes)
     except _Fail as f:
         # right when checked, wrong when timed: the signature of work skipped once warm
         if timed and f.code in ("non-finite", "wrong-output", "imprecise"):
@@ -170,22 +171,24 @@ def _check_outputs(where: str, names: Sequence[str], outs: Sequence[np.ndarray |
 
 
 def _check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
-                  errors: _Errors, override: float | None) -> None:
+                  errors: _Errors, override: float | None, dtypes: Sequence[str] | None = None) -> None:
     if len(outs) != len(refs):
         raise _Fail("missing-output", f"{where}: {len(outs)} outputs, expected {len(refs)}")
-    for name, out, ref in zip(names, outs, refs):
+    for i, (name, out, ref) in enumerate(zip(names, outs, refs)):
+        # the output's dtype is the spec's; a reference may be computed in higher precision (float64)
+        want = np.dtype(dtypes[i]) if dtypes else ref.dtype
         if out is None:
             raise _Fail("missing-output", f"{where}: output {name} missing")
-        if tuple(out.shape) != tuple(ref.shape) or out.dtype != ref.dtype:
+        if tuple(out.shape) != tuple(ref.shape) or out.dtype != want:
             raise _Fail("missing-output", f"{where}: output {name} is {out.dtype}{list(out.shape)}, "
-                                          f"expected {ref.dtype}{list(ref.shape)}")
+                                          f"expected {want}{list(ref.shape)}")
         if out.dtype.kind == "f":
             bad = ~np.isfinite(out) & np.isfinite(ref)
             if np.any(bad):
                 nan = int(np.isnan(out[bad]).sum())
                 raise _Fail("non-finite", f"{where}: output {name} has {int(bad.sum())} of {out.size} non-finite "
                                           f"values ({nan} NaN) where the reference is finite (unwritten or overflowed)")
-        tol = tolerance_for(str(ref.dtype), override)
+        tol = tolerance_for(str(want), override)
         e = compare(out, ref, tol)
         errors.add(e, tol)
         if e.excess > 1.0 or e.norm_rel > tol.norm:
@@ -218,12 +221,16 @@ def verify_job(
     flops: float | None = None,
     peak_gflops: float | None = None,
     timings_trusted: bool = True,
+    output_dtypes: Sequence[str] | None = None,
+    require_timed: bool = True,
 ) -> Verdict:
     """Verify one job's result. references[i][k]: reference of input set i, output k (what the host
     computed for what it sent); reference_fn(inputs) computes references of replayed fresh inputs.
     ``flops``/``peak_gflops``: the roofline check, when both are known. ``timings_trusted=False``
     (an emulated device, e.g. qemu, whose timings are not the hardware's) skips the two checks that
-    rest on timings (TEST04 caching, roofline); every output check still applies."""
+    rest on timings (TEST04 caching, roofline); every output check still applies.
+    ``output_dtypes``: the outputs' dtypes when the references are computed in another precision.
+    ``require_timed=False`` only for a measurer that cannot return timed iterations (legacy CUDA)."""
     if not res.ok:
         reason = res.reason or res.status
         if res.status == "crashed":
@@ -259,7 +266,7 @@ def verify_job(
         if len(res.outputs) > 1:
             checks.append("different inputs give different outputs")
         for i, (refs, outs) in enumerate(zip(references, res.outputs)):
-            _check_outputs(f"input set {i}", names, outs, refs, errors, tolerance)
+            _check_outputs(f"input set {i}", names, outs, refs, errors, tolerance, dtypes=output_dtypes)
         checks.append(f"{len(references)} input sets within tolerance")
 
         # determinism: required, not optional
@@ -268,8 +275,8 @@ def verify_job(
             raise _Fail("non-deterministic", "no repeat outputs returned: determinism cannot be checked")
         bitwise = _same(res.outputs[0], rep)
         if not bitwise:
-            for name, a, b, ref in zip(names, res.outputs[0], rep, references[0]):
-                tol = tolerance_for(str(ref.dtype), tolerance)
+            for j, (name, a, b) in enumerate(zip(names, res.outputs[0], rep)):
+                tol = tolerance_for(str(output_dtypes[j]) if output_dtypes else str(a.dtype), tolerance)
                 e = compare(b, a, Tolerance(tol.atol / 10, tol.rtol / 10, tol.norm / 10))
                 if a.shape != b.shape or e.excess > 1.0:
                     raise _Fail("non-deterministic", f"non-deterministic: the same input twice gave different "
@@ -281,8 +288,12 @@ def verify_job(
         if res.late_change:
             raise _Fail("late-write", f"outputs {res.late_change.get('outputs')} changed after the call of iteration "
                                       f"{res.late_change.get('iter')} returned (work finished outside the timed call)")
-        n_timed = _check_timed(res, input_sets, references, reference_fn, names, errors, tolerance)
-        checks.append(f"{n_timed} timed iterations verified on fresh inputs")
+        if require_timed or res.timed_checks:
+            n_timed = _check_timed(res, input_sets, references, reference_fn, names, errors, tolerance, output_dtypes)
+            checks.append(f"{n_timed} timed iterations verified on fresh inputs")
+        else:
+            n_timed = 0
+            checks.append("timed iterations not verified (this measurer cannot return them)")
         if not timings_trusted:
             checks.append("timing checks not judged (emulated device)")
         elif res.probe_repeat_ns:
@@ -303,7 +314,8 @@ def verify_job(
                    errors.norm_rel, n_timed)
 
 
-def _check_timed(res: JobResult, input_sets, references, reference_fn, names, errors: _Errors, tolerance) -> int:
+def _check_timed(res: JobResult, input_sets, references, reference_fn, names, errors: _Errors, tolerance,
+                 dtypes=None) -> int:
     n = len(res.samples_ns)
     first = res.first_timed_iter
     if not res.timed_checks or first is None or res.fresh_seed is None:
@@ -327,7 +339,8 @@ def _check_timed(res: JobResult, input_sets, references, reference_fn, names, er
                                             f"outputs of {label}, computed for other inputs")
         seen.append((c.outputs, refs, f"timed iteration {c.iteration}"))
     for c, refs in zip(res.timed_checks, replayed):
-        _check_outputs(f"timed iteration {c.iteration}", names, c.outputs, refs, errors, tolerance, timed=True)
+        _check_outputs(f"timed iteration {c.iteration}", names, c.outputs, refs, errors, tolerance, timed=True,
+                       dtypes=dtypes)
     return len(res.timed_checks)
 
 

@@ -180,7 +180,7 @@ def tune_relax_model(
     (trials_done: that kernel's records so far, across calls).
     """
     from edgetune.kernels.allocate import TrialAllocator
-    from edgetune.kernels.search import LocalMeasure, database_dir, default_measure, tune_workload
+    from edgetune.kernels.search import database_dir, default_measure, tune_workload
     from edgetune.kernels.workloads import extract_onnx_tasks
 
     tgt = as_tvm_target(target)
@@ -211,7 +211,7 @@ def tune_relax_model(
         while (step := alloc.next_chunk()) is not None:
             run(*step)
     finally:
-        if own and isinstance(measure, LocalMeasure):
+        if own and measure is not None:
             measure.close()
     results = [(t, latest.get(f"{i}:{t.name}")) for i, t in enumerate(tasks)]
     # the same directory tune_workload chose: same compiler, same measurer threads

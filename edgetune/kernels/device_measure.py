@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ import numpy as np
 from edgetune.agent.host import AgentClient, AgentInfo, Job, JobResult
 from edgetune.devices.inventory import DeviceSpec, fingerprint_key
 from edgetune.errors import DeviceError, UserInputError
-from edgetune.kernels.search import KernelRun
+from edgetune.kernels.measurement import CudaLocalMeasure, KernelRun
 from edgetune.kernels.targets import KernelTarget, cpuinfo_features, host_target, load_target, refine_from_cpuinfo
 from edgetune.kernels.workloads import TensorSpec
 
@@ -125,6 +126,19 @@ class DeviceMeasure:
         return self._probe
 
     @property
+    def timings_trusted(self) -> bool:
+        """False on an emulated device (qemu): its timings are not the hardware's."""
+        return not self.probe().emulated
+
+    @property
+    def peak_gflops(self) -> float | None:
+        """The device's fp32 peak for the roofline check (None when unknown or emulated)."""
+        if not hasattr(self, "_peak"):
+            self._peak = None if self.probe().emulated else device_kernel_target(
+                self.probe().info, self.probe().cpuinfo).fp32_peak_gflops()
+        return self._peak
+
+    @property
     def num_threads(self) -> int:
         if self._num_threads:
             return int(self._num_threads)
@@ -191,28 +205,40 @@ class DeviceMeasure:
 
 
 def job_to_kernel_run(res: JobResult, inputs: Sequence[np.ndarray], output_specs: Sequence[TensorSpec]) -> KernelRun:
-    """An agent JobResult as a KernelRun; a kernel that changed its inputs (or inputs that arrived
-    changed) is an error, as is a missing or unreadable output."""
+    """An agent JobResult as a KernelRun. All checks (inputs, outputs, timed iterations) are the
+    verifier's (``edgetune.kernels.measurement.verify_run``), on the whole result kept in ``job``."""
     if res.status != "ok":
         status = res.status if res.status in ("error", "crashed", "timeout") else "error"
-        return KernelRun(status, res.reason or status, load_ms=res.load_ms)
-    sent = [array_sha256(x) for x in inputs]
-    before, after = res.input_sha256_before, res.input_sha256_after
-    if not before or not after or len(before) < len(sent) or len(after) < len(sent):
-        return KernelRun("error", "agent returned no input hashes (cannot check the inputs were left unchanged)")
-    for k, want in enumerate(sent):
-        if before[k] != want:
-            return KernelRun("error", f"input arg{k} arrived changed on the device (sha256 differs from what was sent)")
-        if after[k] != before[k]:
-            return KernelRun("error", f"kernel modified its input arg{k} (sha256 before/after differ)")
+        return KernelRun(status, res.reason or status, load_ms=res.load_ms, job=res)
     outs = res.outputs[0] if res.outputs else []
-    if len(outs) != len(output_specs) or any(o is None for o in outs):
-        missing = [s.name for s, o in zip(output_specs, list(outs) + [None] * len(output_specs)) if o is None]
-        return KernelRun("error", f"agent returned no output {', '.join(missing) or '(count mismatch)'}")
-    repeats = [r for r in res.repeat_outputs if r is not None]
-    if len(repeats) != len(outs):
-        return KernelRun("error", "agent returned no repeat outputs (determinism cannot be checked)")
-    return KernelRun("ok", "", [int(s) for s in res.samples_ns], list(outs), repeats, res.load_ms)
+    return KernelRun("ok", "", [int(s) for s in res.samples_ns], list(outs), list(res.repeat_outputs), res.load_ms,
+                     job=res)
+
+
+def LocalMeasure(*, device: str = "cpu", num_threads: int | None = None, warmup_ms: float = 10.0,  # noqa: N802
+                 budget_ms: float = 100.0, min_iters: int = 3, max_iters: int = 100_000, timeout_s: float = 60.0,
+                 workdir: str | None = None):
+    """A measurer for kernels on this host: the native agent on the ``local`` device (the same
+    protocol as every other device); ``device="cuda"``: the legacy CUDA worker."""
+    if device == "cuda":
+        return CudaLocalMeasure(device="cuda", num_threads=num_threads, warmup_ms=warmup_ms, budget_ms=budget_ms,
+                                min_iters=min_iters, max_iters=max_iters, timeout_s=timeout_s)
+    own = workdir is None  # a work dir of its own: two measurers on this host never clean up each other's files
+    workdir = workdir or tempfile.mkdtemp(prefix="edgetune-localmeasure-")
+    return _LocalMeasure(DeviceSpec("local", "local", {"workdir": workdir}), num_threads, budget_ms, timeout_s,
+                         warmup_ms=warmup_ms, min_iters=min_iters, max_iters=max_iters, workdir_suffix="",
+                         remove=workdir if own else None)
+
+
+class _LocalMeasure(DeviceMeasure):
+    def __init__(self, *args, remove: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._remove = remove
+
+    def close(self) -> None:
+        super().close()
+        if self._remove:
+            shutil.rmtree(self._remove, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

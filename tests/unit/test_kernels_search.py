@@ -21,7 +21,7 @@ from edgetune.kernels.search import (  # noqa: E402
     database_dir,
     open_database,
     tune_workload,
-    verify_outputs,
+    verify_run,
     workload_records,
 )
 from edgetune.kernels.workloads import TensorSpec, parse_workload  # noqa: E402
@@ -42,21 +42,20 @@ def _te_module(compute):
     return tvm.IRModule({"main": te.create_prim_func(compute(te)).with_attr("global_symbol", "main")})
 
 
-def test_verify_outputs_catches_each_failure():
-    spec = [TensorSpec("y", (2, 3))]
-    ref = [np.arange(6, dtype=np.float64).reshape(2, 3) - 2.5]
-    good = [ref[0].astype(np.float32)]
-    assert verify_outputs(good, ref, spec).ok
-    nan = good[0].copy()
-    nan[1, 2] = np.nan
-    assert "not finite" in verify_outputs([nan], ref, spec).reason
-    off = good[0].copy()
-    off[0, 1] += 1e-3 * 2.5  # 1e-3 relative to the output scale
-    v = verify_outputs([off], ref, spec)
-    assert not v.ok and "wrong output y" in v.reason and "(0, 1)" in v.reason
-    assert verify_outputs([good[0].reshape(3, 2)], ref, spec).reason.startswith("output y: got")
-    assert not verify_outputs([], ref, spec).ok
-    assert "nondeterministic" in verify_outputs(good, ref, spec, repeat_outputs=[off]).reason
+def test_kernel_runs_go_through_the_one_verifier(measure, tmp_path):
+    """A kernel measured by the native agent is verified like a model candidate: timed iterations on
+    fresh inputs, against the workload's float64 reference, failures named."""
+    w = parse_workload("gemm:M=16,N=8,K=4")
+    ok_path = build_kernel(w, HOST, tmp_path / "gemm.so")
+    x = w.random_inputs(0)
+    run = measure(str(ok_path), x, list(w.outputs))
+    v = verify_run(run, w, x, w.reference(x))
+    assert v.ok and v.timed_checked >= 1, v.reason
+    # the same outputs judged against another input's reference are wrong, and named so
+    y = w.random_inputs(5)
+    bad = verify_run(run, w, x, w.reference(y))
+    assert not bad.ok and bad.code == "wrong-output" and "output C" in bad.reason
+    assert verify_run(KernelRun("crashed", "agent killed by SIGSEGV"), w, x, w.reference(x)).code == "crashed"
 
 
 def test_local_measure_runs_times_and_contains_crash_and_hang(measure, tmp_path):
@@ -66,7 +65,7 @@ def test_local_measure_runs_times_and_contains_crash_and_hang(measure, tmp_path)
     run = measure(str(ok_path), inputs, list(w.outputs))
     assert run.status == "ok", run.reason
     assert len(run.samples_ns) >= 3 and all(s > 0 for s in run.samples_ns)
-    assert verify_outputs(run.outputs, w.reference(inputs), w.outputs, repeat_outputs=run.repeat_outputs).ok
+    assert verify_run(run, w, inputs, w.reference(inputs)).ok
 
     def crashing(te):
         a = te.placeholder((4,), "float32", name="A")
@@ -91,7 +90,7 @@ def test_local_measure_runs_times_and_contains_crash_and_hang(measure, tmp_path)
     finally:
         short.close()
     again = measure(str(ok_path), inputs, list(w.outputs))  # the worker came back after the crash
-    assert again.status == "ok"
+    assert again.status == "ok", again.reason
 
 
 def _cut_short_gemm_so(w, path):
@@ -113,7 +112,7 @@ def test_broken_kernels_are_recorded_failed_and_never_selected(measure, tmp_path
     # sanity: the broken kernel really is faster and really is wrong
     probe = measure(str(broken), w.random_inputs(0), list(w.outputs))
     assert probe.status == "ok"
-    assert not verify_outputs(probe.outputs, w.reference(w.random_inputs(0)), w.outputs).ok
+    assert verify_run(probe, w, w.random_inputs(0), w.reference(w.random_inputs(0))).code == "wrong-output"
 
     calls = {"n": 0, "swapped": 0}
 
@@ -132,14 +131,14 @@ def test_broken_kernels_are_recorded_failed_and_never_selected(measure, tmp_path
     statuses = [r.status for r in out.records]
     assert len(out.records) >= 4
     assert statuses.count("wrong") == calls["swapped"] >= 2
-    assert all("wrong output C" in r.reason for r in out.records if r.status == "wrong")
+    assert all(r.reason.startswith("wrong-output") for r in out.records if r.status == "wrong")
     assert statuses.count("ok") >= 1
     assert progress and progress[-1][0] == len(out.records)
     assert out.verified and out.artifact_path is not None
     # the selected kernel is a real GEMM: verify it independently on fresh inputs
     x = w.random_inputs(42)
     final = measure(str(out.artifact_path), x, list(w.outputs))
-    assert verify_outputs(final.outputs, w.reference(x), w.outputs).ok
+    assert verify_run(final, w, x, w.reference(x)).ok
     # the database holds the failed records too, but only verified ones are valid candidates
     db = open_database(out.db_path)
     recs = workload_records(db, w.ir_module())

@@ -140,7 +140,7 @@ def make_job(root: Path, name: str, backend: str, artifact: Path, input_sets, ou
     job = root / "jobs" / name
     job.mkdir(parents=True, exist_ok=True)
     request = {
-        "protocol": 1, "backend": backend,
+        "protocol": 2, "backend": backend,
         "artifact": f"../../artifacts/{pushed.name}",
         "artifact_sha256": sha or art_sha,
         "params": params or {},
@@ -148,7 +148,8 @@ def make_job(root: Path, name: str, backend: str, artifact: Path, input_sets, ou
         "inputs": sets,
         "outputs": outputs,
         "timing_set": timing_set, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
-        "min_iters": min_iters, "max_iters": max_iters,
+        "min_iters": min_iters, "max_iters": max_iters, "fresh_seed": 4242, "check_iters": 3, "check_fastest": 1,
+        "probe_pairs": 4,
     }
     (job / "request.json").write_text(json.dumps(request))
     return job
@@ -172,13 +173,20 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
 
 def check_ok(res: dict, n_sets: int, n_out: int) -> None:
     assert res["status"] == "ok", res["reason"]
-    assert res["agent"] == "native" and res["protocol"] == 1 and res["clock"] == "CLOCK_MONOTONIC"
+    assert res["agent"] == "native" and res["protocol"] == 2 and res["clock"] == "CLOCK_MONOTONIC"
     assert res["outputs"] == [[f"out_{i}_{k}.npy" for k in range(n_out)] for i in range(n_sets)]
     assert res["repeat_outputs"] == [f"rep_{k}.npy" for k in range(n_out)]
     assert res["warmup_iters"] >= 1
     assert res["load_ms"] > 0
     assert all(isinstance(s, int) and s > 0 for s in res["samples_ns"])
-    assert res["input_sha256_before"] == res["input_sha256_after"]
+    sets = [res["input_sha256_before"][i * len(res["input_sha256_after_sets"][0]):][:len(res["input_sha256_after_sets"][0])]
+            for i in range(n_sets)]
+    assert res["input_sha256_after_sets"] == sets  # the work buffers hold exactly what each set was
+    checks = res["timed_checks"]
+    assert 1 <= len(checks) <= 4 and len({c["iter"] for c in checks}) == len(checks)
+    first = res["first_timed_iter"]
+    assert all(first <= c["iter"] < first + len(res["samples_ns"]) for c in checks)
+    assert len(res["probe"]["repeat_ns"]) == len(res["probe"]["distinct_ns"]) == 4
 
 
 def sha_arrays(input_sets) -> list[str]:
@@ -269,7 +277,7 @@ def test_info(agent):
     proc = subprocess.run([str(agent), "info"], capture_output=True, text=True, check=True,
                           env={k: v for k, v in os.environ.items() if k != "EDGETUNE_ORT_LIB"})
     info = json.loads(proc.stdout)
-    assert info["protocol"] == 1 and info["agent"] == "native" and info["python"] is None
+    assert info["protocol"] == 2 and info["agent"] == "native" and info["python"] is None
     assert info["agent_version"] == native.agent_version()
     assert info["arch"] == HOST_ARCH
     assert info["runtimes"]["tvm-kernel"] == "1"
@@ -302,8 +310,8 @@ def test_tvm_matmul(agent, kernels, tmp_path):
         assert out.dtype == np.float32 and out.shape == (M, N)
         assert rel_err(out, matmul_ref(a, b)) < 1e-4
     rep = np.load(job / "rep_0.npy")
-    assert np.array_equal(rep, np.load(job / "out_1_0.npy"))
-    assert not np.array_equal(np.load(job / "out_0_0.npy"), rep)  # a different input gives a different output
+    assert np.array_equal(rep, np.load(job / "out_0_0.npy"))  # set 0 ran twice (protocol 2), same result
+    assert not np.array_equal(np.load(job / "out_1_0.npy"), rep)  # a different input gives a different output
     assert res["runtime_versions"] == {"tvm-kernel": "1"} and res["backend_info"]["linked"] is False
 
 
@@ -345,10 +353,11 @@ def test_outputs_are_poisoned_before_every_run(agent, kernels, tmp_path):
     check_ok(res, 2, 1)
     out0 = np.load(job / "out_0_0.npy")
     assert np.array_equal(out0, x0 * 2)
-    for out in (np.load(job / "out_1_0.npy"), np.load(job / "rep_0.npy")):
-        assert np.isnan(out[skipped]).all()
-        kept = [i for i in range(8) if i not in skipped]
-        assert np.array_equal(out[kept], x1[kept] * 2)
+    out = np.load(job / "out_1_0.npy")
+    assert np.isnan(out[skipped]).all()
+    kept = [i for i in range(8) if i not in skipped]
+    assert np.array_equal(out[kept], x1[kept] * 2)
+    assert np.array_equal(np.load(job / "rep_0.npy"), out0)  # poisoned again: set 0 rewrites every row
 
 
 def test_artifact_sha256_mismatch_is_refused(agent, kernels, tmp_path):
@@ -362,19 +371,18 @@ def test_artifact_sha256_mismatch_is_refused(agent, kernels, tmp_path):
 
 
 def test_kernel_error_is_reported_and_input_hashes_match_hashlib(agent, kernels, tmp_path):
-    """Inputs of the wrong dtype: the kernel raises through TVMFFIErrorSetRaisedFromCStrParts and the
+    """Inputs the kernel does not take: it raises through TVMFFIErrorSetRaisedFromCStrParts and the
     agent reports it cleanly. The input hashes (sizes around SHA-256's 64-byte block and padding
     boundaries) still come back and must equal hashlib's."""
     sizes = [0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 1000, 4099]
     rng = np.random.default_rng(7)
-    arrays = [rng.integers(0, 256, size=n, dtype=np.uint8) for n in sizes]
-    sets = [arrays[i:i + 2] for i in range(0, len(arrays), 2)]
+    sets = [[rng.integers(0, 256, size=n, dtype=np.uint8) for n in sizes] for _ in range(2)]
     job = make_job(tmp_path, "kerr", "tvm-kernel", kernels["matmul"][HOST_ARCH], sets,
                    [{"name": "C", "dtype": "float32", "shape": [M, N]}])
     res = run_agent(agent, job)
     assert res["status"] == "error"
     assert res["reason"].startswith("run failed: input set 0: ")
-    assert "dtype" in res["reason"] or "ndim" in res["reason"] or "shape" in res["reason"], res["reason"]
+    assert "Expected 3 arguments" in res["reason"], res["reason"]  # the kernel's own error, passed on
     assert res["input_sha256_before"] == sha_arrays(sets)
 
 

@@ -90,9 +90,18 @@ def test_tune_kernels_local_then_reuse(tmp_path):
     params = json.loads(kernel_rows[0][0])["params"]
     assert params["workload"] == GEMM and json.loads(params["target"])["kind"] == "llvm"
     base = w["baseline"]
-    if base["speedup"] is not None:  # onnxruntime on the device ran the same op, interleaved
-        assert len([r for r in rows if json.loads(r[0])["backend"] == "ort"]) == 2
+    forms = {f["form"]: f for f in base["forms"]}
+    assert {"ort-constant", "ort-runtime", "numpy", "tflite"} <= set(forms)  # every form listed, run or not
+    verified = [f for f in forms.values() if f["status"] == "verified"]
+    for f in verified:  # each verified form ran once per round, interleaved with the kernel, its samples kept
+        recs = [r for r in rows if json.loads(r[0]) == f["candidate"]]
+        assert sorted(r[2] for r in recs) == [1, 2] and all(r[1] == "verified" and r[3] > 0 for r in recs)
+    if base["speedup"] is not None:  # the verdict's baseline is the fastest verified form
+        assert base["form"] == min(verified, key=lambda f: f["median_ns"])["form"]
         assert base["ci95"][0] <= base["speedup"] <= base["ci95"][1]
+        assert base["verdict"] == "insufficient rounds"  # 2 rounds: no verdict
+    if forms["ort-runtime"]["status"] == "verified":  # local onnxruntime: both onnxruntime forms ran
+        assert forms["ort-constant"]["status"] == "verified"
 
     # second run, same device: every trial comes from the database, nothing is re-measured
     p2 = cli(args, home, tmp_path)
@@ -119,26 +128,38 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     assert not (tmp_path / "home" / "kernels").exists()  # nothing tuned, nothing half-written
 
 
-def test_job_results_map_to_kernel_runs():
-    x = [np.arange(6, dtype=np.float32).reshape(2, 3)]
-    spec = [TensorSpec("y", (2, 3))]
-    h = array_sha256(x[0])
-    y = x[0] * 2
-    ok = job_to_kernel_run(JobResult("ok", samples_ns=[5, 6, 7], outputs=[[y]], repeat_outputs=[y],
-                                     input_sha256_before=[h], input_sha256_after=[h]), x, spec)
-    assert ok.status == "ok" and ok.samples_ns == [5, 6, 7] and ok.outputs[0] is y
-    changed = job_to_kernel_run(JobResult("ok", samples_ns=[5], outputs=[[y]], repeat_outputs=[y],
-                                          input_sha256_before=[h], input_sha256_after=["0" * 64]), x, spec)
-    assert changed.status == "error" and "modified its input arg0" in changed.reason
-    garbled = job_to_kernel_run(JobResult("ok", samples_ns=[5], outputs=[[y]], repeat_outputs=[y],
-                                          input_sha256_before=["1" * 64], input_sha256_after=["1" * 64]), x, spec)
-    assert garbled.status == "error" and "arrived changed" in garbled.reason
-    missing = job_to_kernel_run(JobResult("ok", samples_ns=[5], outputs=[[None]], repeat_outputs=[None],
-                                          input_sha256_before=[h], input_sha256_after=[h]), x, spec)
-    assert missing.status == "error" and "no output y" in missing.reason
+def test_job_results_map_to_kernel_runs_and_are_judged_by_the_one_verifier():
+    from edgetune.agent.fresh import fresh_inputs
+    from edgetune.agent.host import TimedCheck
+    from edgetune.kernels.measurement import verify_run
+    from edgetune.kernels.workloads import parse_workload
+
+    w = parse_workload("gemm:M=4,N=3,K=5")
+    x = w.random_inputs(0)
+    y = [w.reference(x)[0].astype(np.float32)]
+    h = [array_sha256(a) for a in x]
+    t = fresh_inputs([x], 77, 9)
+
+    def result(**kw):
+        base = dict(samples_ns=[5, 6, 7], outputs=[y], repeat_outputs=y, input_sha256_before=h,
+                    input_sha256_after_sets=[h], first_timed_iter=8, fresh_seed=77,
+                    timed_checks=[TimedCheck(9, [w.reference(t)[0].astype(np.float32)], [array_sha256(a) for a in t])])
+        base.update(kw)
+        return JobResult("ok", **base)
+
+    ok = job_to_kernel_run(result(), x, list(w.outputs))
+    assert ok.status == "ok" and ok.samples_ns == [5, 6, 7] and ok.job is not None
+    assert verify_run(ok, w, x, w.reference(x)).ok
+    changed = job_to_kernel_run(result(input_sha256_after_sets=[["0" * 64, h[1]]]), x, list(w.outputs))
+    assert verify_run(changed, w, x, w.reference(x)).code == "input-mutated"
+    garbled = job_to_kernel_run(result(input_sha256_before=["1" * 64, h[1]]), x, list(w.outputs))
+    assert "arrived corrupted" in verify_run(garbled, w, x, w.reference(x)).reason
+    missing = job_to_kernel_run(result(outputs=[[None]]), x, list(w.outputs))
+    assert verify_run(missing, w, x, w.reference(x)).code == "missing-output"
     for status in ("crashed", "timeout", "error"):
-        r = job_to_kernel_run(JobResult(status, reason=f"it {status}"), x, spec)
+        r = job_to_kernel_run(JobResult(status, reason=f"it {status}"), x, list(w.outputs))
         assert r.status == status and r.reason == f"it {status}"
+        assert not verify_run(r, w, x, w.reference(x)).ok
 
 
 def test_kernel_spec_forces_native_agent_in_its_own_workdir():

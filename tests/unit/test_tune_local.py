@@ -11,25 +11,30 @@ from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.space.adapter import adapter_candidate
 from edgetune.tune import TuneConfig, tune
+from tests.conformance.suite import ADAPTERS as CONFORMANCE
 
 
 def _cfg(**kw):
-    base = dict(budget_s=1.5, rounds=1, finalists=2, timeout_s=8, spaces=("ort",), max_candidates=2)
+    base = dict(budget_s=1.5, rounds=1, finalists=2, timeout_s=8, spaces=("ort",), max_candidates=2, confirm_rounds=3)
     base.update(kw)
     return TuneConfig(**base)
 
 
 def test_bad_candidates_are_rejected_and_never_selected(tiny_model, adapters, tmp_path):
     names = ["correct", "wrong", "crash", "hang", "mutate", "constant", "noisy"]
+    cheats = ["stale", "skip_warm", "sometimes"]  # fast because they skip work once warm
     extra = [adapter_candidate(str(adapters / f"{n}.py")) for n in names]
-    out = tune(tiny_model, ["local"], db=tmp_path / "t.db", config=_cfg(extra=extra))
+    extra += [adapter_candidate(str(CONFORMANCE / f"{n}.py")) for n in cheats]
+    # batch 4: at batch 1 "computing only the first row" is computing everything
+    out = tune(tiny_model, ["local"], dims=["batch=4"], db=tmp_path / "t.db", config=_cfg(extra=extra))
     dev = out.devices[0]
     assert dev.status == "complete", dev.error
     shape = dev.summary.shapes[0]
     by_name = {c.candidate.param_dict.get("name"): c for c in shape.candidates if c.candidate.backend == "adapter"}
     assert by_name["correct"].status == "verified"
     expect = {"wrong": "tolerance", "crash": "SIGSEGV", "hang": "hung", "mutate": "modified its inputs",
-              "constant": "input set 1", "noisy": "non-deterministic"}
+              "constant": "insensitive", "noisy": "non-deterministic", "stale": "stale output",
+              "skip_warm": "timed iteration", "sometimes": "timed iteration"}
     for name, needle in expect.items():
         c = by_name[name]
         assert c.status == "failed", name
@@ -39,11 +44,18 @@ def test_bad_candidates_are_rejected_and_never_selected(tiny_model, adapters, tm
     best = shape.best
     assert best is not None and best.status == "verified"
     assert best.candidate.param_dict.get("name") not in expect
-    # every verified candidate carries its error figures and a speedup with CI vs the default
+    # every verified candidate carries its error figures and a descriptive race ratio vs the default;
+    # a ratio with a CI and a verdict only the confirmed winner (from its confirmation rounds)
     for c in shape.candidates:
         if c.status == "verified":
             assert c.max_rel_err is not None and c.max_rel_err <= 1e-4
-            assert c.vs_default is not None and c.vs_default.ci_low <= c.vs_default.value <= c.vs_default.ci_high
+            assert c.race_vs_default is not None or c.candidate.key() == shape.default_key
+            if c.candidate.key() != shape.winner_key:
+                assert c.vs_default is None
+    winner = shape.winner
+    assert winner is not None and winner.status == "verified" and winner.candidate.param_dict.get("name") not in expect
+    assert winner.vs_default is not None and winner.vs_default.rounds == 3
+    assert winner.vs_default.ci_low <= winner.vs_default.value <= winner.vs_default.ci_high
     # the failures are stored, with reasons, in the database
     store = Store(tmp_path / "t.db")
     failed = [r for r in store.records() if r.status == "failed"]
@@ -142,7 +154,7 @@ def test_tvm_relax_build_is_a_verified_candidate(tiny_model, tmp_path):
     s = out.devices[0].summary.shapes[0]
     tvm_rows = [c for c in s.candidates if c.candidate.backend == "tvm-relax"]
     assert tvm_rows and all(c.status == "verified" for c in tvm_rows), [c.reason for c in tvm_rows]
-    assert all(c.vs_default is not None for c in tvm_rows)  # compared with onnxruntime in the same run
+    assert all(c.race_vs_default is not None for c in tvm_rows)  # compared with onnxruntime in the same run
 
 
 def test_tvm_tuned_candidate_is_tuned_verified_and_compared(tiny_model, tmp_path):
@@ -157,7 +169,7 @@ def test_tvm_tuned_candidate_is_tuned_verified_and_compared(tiny_model, tmp_path
     s = out.devices[0].summary.shapes[0]
     tuned = [c for c in s.candidates if c.candidate.backend == "tvm-tuned"]
     assert tuned and all(c.status == "verified" for c in tuned), [c.reason for c in tuned]
-    assert all(c.vs_default is not None and c.max_rel_err <= 1e-4 for c in tuned)
+    assert all(c.race_vs_default is not None and c.max_rel_err <= 1e-4 for c in tuned)
     # the minutes of kernel tuning inside the candidate's build are reported as they happen
     builds = [e for e in events if e["event"] == "build"]
     assert builds and all(e["candidate"].startswith("tvm-tuned") and e["kernel"] and e["trials"] >= 1 for e in builds)

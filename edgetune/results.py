@@ -1,22 +1,37 @@
-"""Summaries derived from stored records: per shape, every candidate's verdict, statistics and
-speedup over the baselines measured in the same run. Used by tune, report and db best alike, so a
-resumed or re-read run gives the same figures as the live one."""
+"""Summaries derived from stored records: per shape, every candidate's verdict and statistics, the
+race's selection and the confirmation that judges it (edgetune/select.py). Used by tune, report and
+db best alike, so a resumed or re-read run gives the same figures as the live one.
+
+Figures and their standing:
+  - ``stats``: every candidate's samples from the race rounds (descriptive, comparable across finalists);
+  - ``race_vs_default`` / ``race_vs_best_baseline``: geometric mean of per-round ratios in the race,
+    descriptive, no interval and no verdict (these rounds selected the winner);
+  - ``vs_default`` / ``vs_best_baseline``: only for the confirmation's participants, from the
+    confirmation rounds only (t interval on per-round log ratios), and only from MIN_VERDICT_ROUNDS
+    complete rounds on; the shape's ``confirmation`` carries the ratio (and "insufficient rounds")
+    whatever the count. These are the only "faster"/"slower" claims.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from edgetune.candidate import Candidate
 from edgetune.db import RecordRow, Store
-from dataclasses import replace
-
-from edgetune.measure import Ratio, Stats, grouped_median_ci, grouped_speedup, speedup, summarize
+from edgetune.errors import UserInputError
+from edgetune.measure import MIN_VERDICT_ROUNDS, Ratio, Stats, grouped_median_ci, summarize
+from edgetune.select import (Confirmation, RaceRatio, confirm_index, confirmed_ratio, is_confirmation, race_field,
+                             race_ratio, replay, selected, stored_round)
 
 REPORT_SCHEMA = "edgetune.report/1"
+
+
+def _ratio_dict(r: Ratio | RaceRatio | None) -> dict[str, Any] | None:
+    return r.as_dict() if r is not None else None
 
 
 @dataclass
@@ -24,14 +39,18 @@ class CandidateSummary:
     candidate: Candidate
     status: str  # verified | failed
     reason: str
-    phase: str  # final (raced in interleaved rounds) | screened
-    rounds: list[int]
-    stats: Stats | None
+    phase: str  # confirmed (took part in confirmation) | final (raced in interleaved rounds) | screened
+    rounds: list[int]  # screen and race rounds it ran in
+    stats: Stats | None  # race rounds (descriptive)
     max_abs_err: float | None
     max_rel_err: float | None
-    vs_default: Ratio | None = None
+    vs_default: Ratio | None = None  # confirmation rounds only (see module docstring)
     vs_best_baseline: Ratio | None = None
     samples: np.ndarray | None = field(default=None, repr=False)
+    confirm_rounds: list[int] = field(default_factory=list)  # confirmation rounds k it ran in
+    confirm_stats: Stats | None = None  # its samples in the counted confirmation rounds
+    race_vs_default: RaceRatio | None = None
+    race_vs_best_baseline: RaceRatio | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -39,9 +58,36 @@ class CandidateSummary:
             "reason": self.reason, "phase": self.phase, "rounds": self.rounds,
             "stats": self.stats.as_dict() if self.stats else None,
             "max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err,
-            "speedup_vs_default": self.vs_default.as_dict() if self.vs_default else None,
-            "speedup_vs_best_baseline": self.vs_best_baseline.as_dict() if self.vs_best_baseline else None,
+            "speedup_vs_default": _ratio_dict(self.vs_default),
+            "speedup_vs_best_baseline": _ratio_dict(self.vs_best_baseline),
+            "confirm_rounds": self.confirm_rounds,
+            "confirm_stats": self.confirm_stats.as_dict() if self.confirm_stats else None,
+            "race_speedup_vs_default": _ratio_dict(self.race_vs_default),
+            "race_speedup_vs_best_baseline": _ratio_dict(self.race_vs_best_baseline),
         }
+
+
+@dataclass(frozen=True)
+class ConfirmationSummary:
+    """Where the confirmation of one shape stands, with its ratios whatever the number of rounds
+    (below MIN_VERDICT_ROUNDS their verdict says "insufficient rounds")."""
+
+    state: Confirmation
+    vs_best_baseline: Ratio | None  # contender vs strongest baseline
+    vs_default: Ratio | None  # contender vs the runtime default
+
+    @property
+    def verdict(self) -> str | None:
+        return self.vs_best_baseline.verdict if self.vs_best_baseline else None
+
+    def as_dict(self) -> dict[str, Any]:
+        st = self.state
+        return {"contender": st.contender, "baseline": st.baseline, "default": st.default,
+                "rounds": list(st.rounds), "stored_rounds": [stored_round(k) for k in st.rounds],
+                "complete": st.next_round is None,
+                "disqualified": [{"key": d.key, "round": d.round, "reason": d.reason} for d in st.disqualified],
+                "verdict": self.verdict, "speedup_vs_best_baseline": _ratio_dict(self.vs_best_baseline),
+                "speedup_vs_default": _ratio_dict(self.vs_default)}
 
 
 @dataclass
@@ -52,7 +98,9 @@ class ShapeSummary:
     candidates: list[CandidateSummary]
     default_key: str | None
     best_baseline_key: str | None
-    best_key: str | None
+    best_key: str | None  # the selected configuration (select.selected)
+    winner_key: str | None = None  # the race's winner under confirmation (may differ from best)
+    confirmation: ConfirmationSummary | None = None
 
     def get(self, key: str | None) -> CandidateSummary | None:
         return next((c for c in self.candidates if c.candidate.key() == key), None)
@@ -61,9 +109,15 @@ class ShapeSummary:
     def best(self) -> CandidateSummary | None:
         return self.get(self.best_key)
 
+    @property
+    def winner(self) -> CandidateSummary | None:
+        return self.get(self.winner_key)
+
     def as_dict(self) -> dict[str, Any]:
         return {"shape": self.shape, "shape_key": self.shape_key, "workload_key": self.workload_key,
                 "default": self.default_key, "best_baseline": self.best_baseline_key, "best": self.best_key,
+                "winner": self.winner_key,
+                "confirmation": self.confirmation.as_dict() if self.confirmation else None,
                 "candidates": [c.as_dict() for c in self.candidates]}
 
 
@@ -88,88 +142,90 @@ class RunSummary:
                 "status": self.status, "emulated": self.emulated, "shapes": [s.as_dict() for s in self.shapes]}
 
 
-def _summarize_shape(rows: list[RecordRow], emulated: bool) -> ShapeSummary:
+def _finite(values: list[Any]) -> list[float]:
+    return [v for v in values if v is not None and v == v]  # drop missing and NaN
+
+
+def _failure(recs: list[RecordRow]) -> tuple[str, str]:
+    failed = [r for r in recs if r.status != "verified"]
+    if not failed:
+        return "verified", ""
+    first = failed[0]
+    if is_confirmation(first.round):
+        return "failed", f"confirmation round {confirm_index(first.round)}: {first.reason}"
+    return "failed", (f"round {first.round}: {first.reason}" if first.round > 0 else first.reason)
+
+
+def _race_stats(use: list[RecordRow]) -> tuple[Stats | None, np.ndarray]:
+    samples = np.concatenate([r.samples_ns for r in use]) if use else np.array([], dtype=np.int64)
+    stats = summarize(samples) if samples.size else None
+    groups = [r.samples_ns for r in use if r.samples_ns.size]
+    if stats is not None and len(groups) > 1:
+        lo, hi = grouped_median_ci(groups, resamples=500)
+        stats = replace(stats, ci_low_ns=min(lo, stats.median_ns), ci_high_ns=max(hi, stats.median_ns))
+    return stats, samples
+
+
+def _candidate(key: str, recs: list[RecordRow], conf: Confirmation) -> CandidateSummary:
+    recs = sorted(recs, key=lambda r: r.round)
+    race = [r for r in recs if not is_confirmation(r.round)]
+    confirm = [r for r in recs if is_confirmation(r.round)]
+    raced = [r for r in race if r.round > 0]
+    status, reason = _failure(recs)
+    stats, samples = _race_stats(raced or race)
+    counted = [r.samples_ns for r in confirm if confirm_index(r.round) in conf.rounds and r.samples_ns.size]
+    confirm_stats = (summarize(np.concatenate(counted)) if counted and key in conf.participants else None)
+    phase = "confirmed" if confirm else ("final" if raced else "screened")
+    return CandidateSummary(
+        Candidate.from_dict(recs[0].candidate), status, reason, phase, [r.round for r in race], stats,
+        max(_finite([r.verdict.get("max_abs_err") for r in recs]), default=None),
+        max(_finite([r.verdict.get("max_rel_err") for r in recs]), default=None),
+        samples=samples, confirm_rounds=[confirm_index(r.round) for r in confirm], confirm_stats=confirm_stats)
+
+
+def _claim(r: Ratio | None) -> Ratio | None:
+    """A candidate's vs_* fields carry a ratio only once it may carry a verdict."""
+    return r if r is not None and (r.rounds or 0) >= MIN_VERDICT_ROUNDS else None
+
+
+def _summarize_shape(rows: list[RecordRow], confirm_target: int | None) -> ShapeSummary:
     by_cand: dict[str, list[RecordRow]] = {}
     for r in rows:
         by_cand.setdefault(r.candidate_key, []).append(r)
-    raced_rounds = sorted({r.round for r in rows if r.round > 0})
-    cands: list[CandidateSummary] = []
-    for key, recs in by_cand.items():
-        recs.sort(key=lambda r: r.round)
-        cand = Candidate.from_dict(recs[0].candidate)
-        failed = [r for r in recs if r.status != "verified"]
-        rounds = [r.round for r in recs]
-        raced = [r for r in recs if r.round > 0]
-        use = raced if raced else recs
-        phase = "final" if raced else "screened"
-        errs_abs = [r.verdict.get("max_abs_err") for r in recs if r.verdict.get("max_abs_err") is not None]
-        errs_rel = [r.verdict.get("max_rel_err") for r in recs if r.verdict.get("max_rel_err") is not None]
-        errs_abs = [e for e in errs_abs if e == e]  # drop NaN
-        errs_rel = [e for e in errs_rel if e == e]
-        samples = np.concatenate([r.samples_ns for r in use]) if use else np.array([], dtype=np.int64)
-        status = "failed" if failed else "verified"
-        reason = failed[0].reason if failed else ""
-        if failed and failed[0].round > 0:
-            reason = f"round {failed[0].round}: {reason}"
-        stats = summarize(samples) if samples.size else None
-        groups = [r.samples_ns for r in use if r.samples_ns.size]
-        if stats is not None and len(groups) > 1:
-            lo, hi = grouped_median_ci(groups, resamples=500)
-            stats = replace(stats, ci_low_ns=min(lo, stats.median_ns), ci_high_ns=max(hi, stats.median_ns))
-        cands.append(CandidateSummary(cand, status, reason, phase, rounds, stats,
-                                      max(errs_abs) if errs_abs else None, max(errs_rel) if errs_rel else None,
-                                      samples=samples))
-
-    def round_samples(c: CandidateSummary, rnd: int) -> np.ndarray:
-        sel = [r.samples_ns for r in by_cand[c.candidate.key()] if r.round == rnd]
-        return np.concatenate(sel) if sel else np.array([], dtype=np.int64)
-
-    verified = [c for c in cands if c.status == "verified" and c.stats is not None]
-    baselines = [c for c in verified if c.candidate.baseline]
-    # the runtime default: onnxruntime's (or TFLite's for .tflite models) default configuration
-    default = next((c for c in baselines if c.candidate.backend == "ort"), None) or (baselines[0] if baselines else None)
-    finals = [c for c in verified if c.phase == "final"] or verified
-    best = min(finals, key=lambda c: c.stats.median_ns) if finals else None
-    base_finals = [c for c in baselines if c in finals] or baselines
-    best_base = min(base_finals, key=lambda c: c.stats.median_ns) if base_finals else None
-
-    for c in verified:
-        # compare on the rounds both ran in: interleaved samples, same session
-        for ref, attr in ((default, "vs_default"), (best_base, "vs_best_baseline")):
-            if ref is None:
-                continue
-            common = sorted(set(c.rounds) & set(ref.rounds))
-            if c.phase == "final":
-                common = [r for r in common if r > 0] or common
-            if not common:
-                continue
-            pairs = [(round_samples(ref, r), round_samples(c, r)) for r in common]
-            pairs = [(a, b) for a, b in pairs if a.size and b.size]
-            if pairs:
-                setattr(c, attr, grouped_speedup(pairs, resamples=500))
-
-    order = {"final": 0, "screened": 1}
-    cands.sort(key=lambda c: (c.status != "verified", order[c.phase],
-                              c.stats.median_ns if c.stats else float("inf"), c.candidate.label()))
-    first = rows[0]
-    return ShapeSummary(first.shape, first.shape_key, first.workload_key, cands,
-                        default.candidate.key() if default else None,
-                        best_base.candidate.key() if best_base else None,
-                        best.candidate.key() if best else None)
+    fld = race_field(rows)
+    conf = replay(rows, confirm_target)
+    cands = {key: _candidate(key, recs, conf) for key, recs in by_cand.items()}
+    default, base = conf.default, conf.baseline
+    for key, c in cands.items():
+        if c.status != "verified" or c.stats is None:
+            continue
+        c.race_vs_default = race_ratio(rows, default, key)
+        c.race_vs_best_baseline = race_ratio(rows, base, key)
+        c.vs_default = _claim(confirmed_ratio(rows, conf, default, key))
+        c.vs_best_baseline = _claim(confirmed_ratio(rows, conf, base, key))
+    summary = ConfirmationSummary(conf, confirmed_ratio(rows, conf, base, conf.contender),
+                                  confirmed_ratio(rows, conf, default, conf.contender)) if conf.contender else None
+    best = selected(fld, conf, summary.verdict if summary else None)
+    order = {"confirmed": 0, "final": 1, "screened": 2}
+    ranked = sorted(cands.values(), key=lambda c: (c.status != "verified", order[c.phase],
+                                                   c.stats.median_ns if c.stats else float("inf"), c.candidate.label()))
+    first = min(rows, key=lambda r: (r.round, r.id))  # the race workload (confirmation rounds use others)
+    return ShapeSummary(first.shape, first.shape_key, first.workload_key, ranked, default, base, best,
+                        conf.contender, summary)
 
 
 def summarize_run(store: Store, run_id: str) -> RunSummary:
     run = store.get_run(run_id)
     if run is None:
-        from edgetune.errors import UserInputError
-
         raise UserInputError(f"no run '{run_id}' in {store.path}")
     rows = store.records(run_id=run_id)
     by_shape: dict[str, list[RecordRow]] = {}
     for r in rows:
         by_shape.setdefault(r.shape_key, []).append(r)
     fp = json.loads(run["fingerprint"])
-    emulated = bool(fp.get("emulated"))
-    shapes = [_summarize_shape(v, emulated) for v in by_shape.values()]
+    config = json.loads(run["config"])
+    # runs recorded before confirmation existed have no confirm_rounds: count what is stored
+    target = config.get("confirm_rounds")
+    shapes = [_summarize_shape(v, target) for v in by_shape.values()]
     return RunSummary(run["id"], run["device"], run["model_path"], run["model_sha256"], run["fingerprint_key"], fp,
-                      json.loads(run["versions"]), json.loads(run["config"]), run["status"], emulated, shapes)
+                      json.loads(run["versions"]), config, run["status"], bool(fp.get("emulated")), shapes)

@@ -3,8 +3,10 @@
 Per device and shape point:
   round 0 (screen): every candidate runs once in its own process: verified, short timing budget;
   rounds 1..R (race): the runtime baselines and the best verified candidates run again, interleaved
-  (A B C, B C A, ...) so drift hits all of them; their final statistics and speedups come from these
-  rounds only. Every job of every round is verified; one failure disqualifies a candidate.
+  (A B C, B C A, ...) so drift hits all of them; the race only selects (edgetune/select.py);
+  confirmation: the winner, the strongest baseline and the default run again in fresh interleaved
+  rounds on new inputs; the verdict and the speedups come from these rounds only.
+Every job of every round is verified; one failure disqualifies a candidate.
 Every job is committed to the database as it finishes; a re-run with the same arguments resumes.
 Devices run in parallel, one worker each; a device that goes away is marked down, the others go on.
 """
@@ -30,6 +32,7 @@ from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home
 from edgetune.errors import DeviceError, DeviceUnreachable, HostKeyMismatch, AuthError, UserInputError
 from edgetune.kernels.device_measure import device_peak_gflops
 from edgetune.results import RunSummary, summarize_run
+from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
 from edgetune.verify import Verdict, verify_job
 from edgetune.workload import Model, Workload, build_workload, load_model, shape_points
@@ -43,6 +46,7 @@ class TuneConfig:
     budget_s: float = 60.0  # per device, all shape points together
     rounds: int = 3
     finalists: int = 5
+    confirm_rounds: int = 5  # fresh interleaved rounds that judge the race's winner (select.py)
     timeout_s: float = 60.0  # per job, on top of its measuring budget
     spaces: tuple[str, ...] = DEFAULT_SPACES
     max_candidates: int | None = None  # cap per space (baseline always kept), for quick runs
@@ -53,10 +57,17 @@ class TuneConfig:
     # candidates beyond the spaces (e.g. user adapters): each with its Space, or an already Prepared artifact
     extra: list[tuple[Candidate, Any]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # race rounds share the records' round column with confirmation rounds (select.CONFIRM_BASE + k)
+        if not 0 <= self.rounds < CONFIRM_BASE:
+            raise UserInputError(f"rounds must be between 0 and {CONFIRM_BASE - 1}, got {self.rounds}")
+        if self.confirm_rounds < 0:
+            raise UserInputError(f"confirm_rounds must be >= 0, got {self.confirm_rounds}")
+
     def key_dict(self) -> dict[str, Any]:
         return {"budget_s": self.budget_s, "rounds": self.rounds, "finalists": self.finalists,
-                "spaces": list(self.spaces), "max_candidates": self.max_candidates, "seed": self.seed,
-                "tvm_trials": self.tvm_trials,
+                "confirm_rounds": self.confirm_rounds, "spaces": list(self.spaces),
+                "max_candidates": self.max_candidates, "seed": self.seed, "tvm_trials": self.tvm_trials,
                 "extra": [c.key() for c, _ in self.extra]}
 
 
@@ -204,7 +215,11 @@ class DeviceTuner:
                         prepared[k] = f"build failed: {exc}"
             return prepared[k]
 
-        def run_one(cand: Candidate, space: Any, rnd: int, budget_ms: float) -> None:
+        def run_one(cand: Candidate, space: Any, rnd: int, budget_ms: float, job_wl: Workload | None = None,
+                    tags: dict[str, Any] | None = None) -> None:
+            # job_wl: the inputs of this job (confirmation rounds run on new ones); tags: added to the verdict JSON
+            job_wl = job_wl or wl
+            tags = tags or {}
             key = cand.key()
             if (key, rnd) in existing:
                 self.jobs_skipped += 1
@@ -222,11 +237,11 @@ class DeviceTuner:
                 own = sum(res.samples_ns) / 1e6
                 self.overhead_ms.append(max(0.0, wall - own))
             status = "verified" if verdict.ok else "failed"
-            rec = dict(run_id=run_id, workload_key=wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
+            rec = dict(run_id=run_id, workload_key=job_wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
                        fingerprint_key=info.fingerprint_key, candidate=cand.as_dict(),
                        versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
                        reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state, "fresh_seed": res.fresh_seed,
-                                                       "load_ms": res.load_ms},
+                                                       "load_ms": res.load_ms, **tags},
                        samples_ns=res.samples_ns, wall_ms=wall,
                        agent_ms=res.agent_ms)
             self.store.add_record(**rec)
@@ -235,7 +250,7 @@ class DeviceTuner:
             med = float(np.median(res.samples_ns)) / 1e6 if res.samples_ns else None
             self.progress({"event": "job", "device": self.spec.name, "shape": wl.shape_label,
                            "candidate": cand.label(), "round": rnd, "status": status, "reason": verdict.reason,
-                           "median_ms": med})
+                           "median_ms": med, **tags})
 
         def per_job_budget(n_jobs: int, share: float, lo: float, hi: float) -> float:
             left_ms = max(0.0, (deadline - time.monotonic()) * 1e3 * share)
@@ -254,13 +269,39 @@ class DeviceTuner:
         base = [k for k in ok if k in by_key and by_key[k][0].baseline]
         others = sorted((k for k in ok if k in by_key and not by_key[k][0].baseline), key=lambda k: ok[k])
         finalists = base + others[: self.cfg.finalists]
+        # confirmation jobs are planned from the start so the race leaves them their share of the time
+        confirm_jobs = self.cfg.confirm_rounds * min(3, len(base) + 1) if others else 0
         for rnd in range(1, self.cfg.rounds + 1):
             remaining_rounds = self.cfg.rounds - rnd + 1
-            budget = per_job_budget(len(finalists) * remaining_rounds, 1.0, 30.0, 2000.0)
+            budget = per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
             shift = (rnd - 1) % max(1, len(finalists))
             for k in finalists[shift:] + finalists[:shift]:
                 cand, space = by_key[k]
                 run_one(cand, space, rnd, budget)
+        self._confirm(run_id, wl, by_key, run_one, per_job_budget)
+
+    def _confirm(self, run_id: str, wl: Workload, by_key: dict[str, tuple[Candidate, Any]],
+                 run_one: Callable[..., None], per_job_budget: Callable[[int, float, float, float], float]) -> None:
+        """Select, then confirm: replay the stored records (select.replay) to learn which rounds an
+        uninterrupted run has walked and who runs in each, run (or, when stored, skip) their jobs on the
+        round's new inputs, repeat until the replay is done. A resumed run so runs exactly the jobs
+        an uninterrupted one would have, and skips those already stored."""
+        ran: set[int] = set()
+        while True:
+            rows = [r for r in self.store.records(run_id=run_id) if r.shape_key == wl.shape_key]
+            conf = replay(rows, self.cfg.confirm_rounds)
+            todo = [(k, order) for k, order in conf.walked if k not in ran]
+            if not todo:  # done, or nothing new to run (never loop forever)
+                return
+            for k, order in todo:
+                seed = confirm_seed(self.cfg.seed, k)
+                cwl = confirm_workload(wl, seed)
+                left = max(1, self.cfg.confirm_rounds - len(conf.rounds)) * len(order)
+                budget = per_job_budget(left, 1.0, 30.0, 2000.0)
+                for key in order:
+                    cand, space = by_key[key]
+                    run_one(cand, space, stored_round(k), budget, job_wl=cwl, tags=confirm_tags(k, seed))
+                ran.add(k)
 
     # ---- whole run ------------------------------------------------------------------------
     def tune(self, model: Model, points: list[dict[str, int]], user_inputs: Mapping[str, np.ndarray],
@@ -284,7 +325,8 @@ class DeviceTuner:
             out.run_id, out.resumed = run_id, existed
             self.progress({"event": "start", "device": self.spec.name, "run_id": run_id, "resumed": existed,
                            "candidates": len(cands), "points": len(points),
-                           "total_jobs": len(points) * (len(cands) + self.cfg.rounds * (self.cfg.finalists + 2))})
+                           "total_jobs": len(points) * (len(cands) + self.cfg.rounds * (self.cfg.finalists + 2)
+                                                         + self.cfg.confirm_rounds * 2)})
             start = time.monotonic()
             for i, bindings in enumerate(points):
                 wl = build_workload(model, bindings, user_inputs, seed=self.cfg.seed)

@@ -64,7 +64,6 @@ class Job:
     input_sets: list[list[np.ndarray]]
     output_specs: list[dict[str, Any]]  # name, dtype, shape: never values
     model: Path | None = None
-    timing_set: int = 0
     budget_ms: float = 200.0
     warmup_ms: float = 20.0
     min_iters: int = 3
@@ -94,7 +93,6 @@ class JobResult:
     outputs: list[list[np.ndarray | None]] = field(default_factory=list)
     repeat_outputs: list[np.ndarray | None] = field(default_factory=list)
     input_sha256_before: list[str] | None = None
-    input_sha256_after: list[str] | None = None
     load_ms: float | None = None
     runtime_versions: dict[str, Any] = field(default_factory=dict)
     device_state: dict[str, Any] = field(default_factory=dict)
@@ -334,7 +332,7 @@ class AgentClient:
                 request = {
                     "protocol": PROTOCOL, "backend": job.backend, "artifact": artifact,
                     "artifact_sha256": digest, "params": self._agent_params(job.backend, job.params), "input_names": job.input_names,
-                    "inputs": inputs, "outputs": job.output_specs, "timing_set": job.timing_set,
+                    "inputs": inputs, "outputs": job.output_specs,
                     "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
                     "max_iters": job.max_iters, "fresh_seed": job.fresh_seed, "check_iters": job.check_iters,
                     "check_fastest": job.check_fastest,
@@ -400,7 +398,6 @@ class AgentClient:
             status=data.get("status", "error"), reason=data.get("reason", ""),
             samples_ns=list(data.get("samples_ns", [])),
             input_sha256_before=data.get("input_sha256_before"),
-            input_sha256_after=data.get("input_sha256_after"),
             load_ms=data.get("load_ms"), runtime_versions=data.get("runtime_versions", {}),
             device_state=data.get("device_state", {}),
             fresh_seed=job.fresh_seed,

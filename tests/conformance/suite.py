@@ -115,7 +115,10 @@ def run_case(client: AgentClient, case: Case, backend: str, artifact: Path, mode
              ) -> tuple[Verdict, object]:
     job = Job(backend=backend, artifact=artifact, params={"num_threads": 1} if backend == "tvm-kernel" else {},
               input_names=case.input_names, input_sets=case.input_sets, output_specs=case.output_specs, model=model,
-              budget_ms=budget_ms, warmup_ms=5.0, timeout_s=timeout_s)
+              budget_ms=budget_ms, warmup_ms=5.0, timeout_s=timeout_s,
+              # at least 20 timed calls: the cheats turn on after a dozen calls, and a slow first call
+              # (cold caches, an emulator) must not leave the whole timed loop before that
+              min_iters=20)
     res = client.run_job(job)
     info = client.provision()
     return verify_job(res, case.input_sets, case.references, case.reference_fn, case.output_names,

@@ -120,7 +120,7 @@ def _inputs(seed: int, *shapes, dtype="float32") -> list[np.ndarray]:
 
 
 def make_job(root: Path, name: str, backend: str, artifact: Path, input_sets, outputs, *,
-             params=None, input_names=None, sha=None, timing_set=0, budget_ms=20.0, warmup_ms=5.0,
+             params=None, input_names=None, sha=None, budget_ms=20.0, warmup_ms=5.0,
              min_iters=3, max_iters=200) -> Path:
     """Lay out W/artifacts, W/inputs, W/jobs/<name> as on a device; paths relative to the job dir."""
     art_sha = hashlib.sha256(artifact.read_bytes()).hexdigest()
@@ -147,7 +147,7 @@ def make_job(root: Path, name: str, backend: str, artifact: Path, input_sets, ou
         "input_names": input_names or [f"x{kk}" for kk in range(len(input_sets[0]))],
         "inputs": sets,
         "outputs": outputs,
-        "timing_set": timing_set, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
+        "warmup_ms": warmup_ms, "budget_ms": budget_ms,
         "min_iters": min_iters, "max_iters": max_iters, "fresh_seed": 4242, "check_iters": 3, "check_fastest": 1,
         "probe_pairs": 4,
     }
@@ -299,7 +299,7 @@ def test_info(agent):
 def test_tvm_matmul(agent, kernels, tmp_path):
     sets = [_inputs(1, (M, K), (K, N)), _inputs(2, (M, K), (K, N))]
     job = make_job(tmp_path, "mm", "tvm-kernel", kernels["matmul"][HOST_ARCH], sets,
-                   [{"name": "C", "dtype": "float32", "shape": [M, N]}], timing_set=1,
+                   [{"name": "C", "dtype": "float32", "shape": [M, N]}],
                    min_iters=5, max_iters=50)
     res = run_agent(agent, job)
     check_ok(res, 2, 1)
@@ -348,7 +348,7 @@ def test_outputs_are_poisoned_before_every_run(agent, kernels, tmp_path):
     skipped = [1, 4, 6]
     x1[skipped, 0] *= -1
     job = make_job(tmp_path, "poison", "tvm-kernel", kernels["masked"][HOST_ARCH], [[x0], [x1]],
-                   [{"name": "Y", "dtype": "float32", "shape": [8, 4]}], timing_set=1)
+                   [{"name": "Y", "dtype": "float32", "shape": [8, 4]}])
     res = run_agent(agent, job)
     check_ok(res, 2, 1)
     out0 = np.load(job / "out_0_0.npy")

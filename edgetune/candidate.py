@@ -1,4 +1,4 @@
-"""Candidates: a backend plus parameters, frozen, with a stable key (DESIGN.md §3)."""
+"""Candidates: a backend plus parameters, frozen, with a stable key (docs/design.md §3)."""
 
 from __future__ import annotations
 

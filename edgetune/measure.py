@@ -1,4 +1,4 @@
-"""Measurement: raw samples -> statistics (DESIGN.md §4).
+"""Measurement: raw samples -> statistics (docs/design.md §4).
 
 Every raw sample is kept; statistics are derived, never stored instead of samples. A speedup is
 a ratio of medians with its own bootstrap CI, and "faster" is claimed only when the whole CI lies

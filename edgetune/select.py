@@ -1,4 +1,4 @@
-"""Select, then confirm (DESIGN.md §4.4).
+"""Select, then confirm (docs/design.md §4.4).
 
 The race (round 0 screens every candidate, rounds 1..R race the finalists) only *selects*:
   - the winner: the fastest verified non-baseline candidate by race-round medians;

@@ -1,4 +1,4 @@
-"""Verifier: the host compares what the device returned with references it never sent (DESIGN.md §5).
+"""Verifier: the host compares what the device returned with references it never sent (docs/design.md §5).
 
 The one verifier of edgetune: model candidates (tune, bench, verify), kernels (tune-kernels, the
 MetaSchedule runner) and baselines all go through ``verify_job``. Every failure has a named code

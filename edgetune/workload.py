@@ -371,7 +371,11 @@ def model_flops(path: str, sha256: str, input_shapes: tuple[tuple[str, tuple[int
     for init in m.graph.initializer:
         known[init.name] = tuple(int(d) for d in init.dims)
     macs = 0
+    constant = {init.name for init in m.graph.initializer}
     for node in m.graph.node:
+        if all(i in constant for i in node.input if i):  # folded at session creation: no work per inference
+            constant.update(node.output)
+            continue
         try:
             if node.op_type in ("MatMul", "Gemm"):
                 a, b = known[node.input[0]], known[node.input[1]]

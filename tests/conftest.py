@@ -2,7 +2,7 @@
 
 ``require(ok, reason)``: a test that needs a real part (sshd, adb, qemu, a compiler, an optional
 runtime) skips with the reason on a developer's machine but FAILS in CI (CI=true), so a green CI
-means the part really ran (DESIGN.md §6).
+means the part really ran (docs/design.md §6).
 """
 
 from __future__ import annotations

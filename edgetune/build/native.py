@@ -8,7 +8,7 @@
   ``$ANDROID_NDK_HOME`` (or ``$ANDROID_NDK_ROOT``).
 
 Builds are cached under ``out_dir`` by everything that changes the binary: the sources, the
-compiler's identity (``--version``), the flags and any linked kernels (DESIGN.md §7).
+compiler's identity (``--version``), the flags and any linked kernels (docs/design.md §7).
 
 A static agent cannot ``dlopen`` a kernel .so (bionic has no static dlopen; glibc's needs the
 exact glibc at run time), so ``build_agent(..., kernels=[obj, ...])`` links kernel *object files*

@@ -3,7 +3,7 @@
 Real parts only: the C compiler builds the agent, TVM compiles and exports the kernels, the
 agent runs them natively, under qemu-aarch64 (cross-compiled agent and kernels) and as a static
 binary with the kernels linked in; onnxruntime's own libonnxruntime.so runs the ONNX models.
-Numbers are checked against numpy in float64 on the host, as the verifier does (DESIGN.md §5).
+Numbers are checked against numpy in float64 on the host, as the verifier does (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def kernels(tmp_path_factory) -> dict[str, dict[str, Path]]:
 
 
 def _inputs(seed: int, *shapes, dtype="float32") -> list[np.ndarray]:
-    """Seeded inputs with negatives and large values, not zeros or ones (DESIGN.md §5)."""
+    """Seeded inputs with negatives and large values, not zeros or ones (docs/design.md §5)."""
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal(s) * rng.choice([1.0, 30.0], size=s)).astype(dtype) for s in shapes]
 

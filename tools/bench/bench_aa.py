@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A/A proof of the verdict's promise (DESIGN.md §4.4, issue 7): one configuration raced and confirmed
+"""A/A proof of the verdict's promise (docs/design.md §4.4, issue 7): one configuration raced and confirmed
 against an identical copy of itself must be called "faster" at most 5% of the time.
 
 Each comparison is a whole `tune` of a bundled model at its default shape on the device, with two

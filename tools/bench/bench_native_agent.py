@@ -6,7 +6,7 @@ and of an ONNX model run by the native agent through libonnxruntime.so vs. onnxr
     PYTHONPATH=. .venv/bin/python tools/bench/bench_native_agent.py [--size 256] [--budget-ms 500]
 
 Prints median / p10 / p90 in microseconds. Both sides time single calls on a monotonic clock after
-a warm-up; neither includes loading. Figures are for this host only (DESIGN.md §4.6: name the
+a warm-up; neither includes loading. Figures are for this host only (docs/design.md §4.6: name the
 machine, the versions and this command alongside any figure you quote).
 """
 

@@ -47,7 +47,7 @@ def _time(fn, n: int, warmup: int = 10) -> list[float]:
 
 
 def _interleaved(fa, fb, n: int, warmup: int = 10) -> tuple[list[float], list[float]]:
-    """A B A B ... so that machine drift hits both (DESIGN.md section 4, rule 5)."""
+    """A B A B ... so that machine drift hits both (docs/design.md section 4, rule 5)."""
     for _ in range(warmup):
         fa()
         fb()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start/stop the SSH part of the test farm: a real OpenSSH sshd on 127.0.0.1 (DESIGN.md §6).
+"""Start/stop the SSH part of the test farm: a real OpenSSH sshd on 127.0.0.1 (docs/design.md §6).
 
 Two kinds of device, each in its own state directory:
 

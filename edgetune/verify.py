@@ -345,10 +345,18 @@ def _check_timed(res: JobResult, input_sets, references, reference_fn, names, er
 
 
 def _check_probe(res: JobResult) -> None:
-    rep, dist = res.probe_repeat_ns, res.probe_distinct_ns
-    if len(rep) < 3 or len(dist) < 3:
+    """TEST04, judged pair by pair: the agent runs the repeated input and a new one back to back, so
+    each pair shares the machine's state at that moment. A caching candidate answers (almost) every
+    repeat from its cache: the repeat is clearly faster in all pairs but at most one. An honest one on
+    a noisy machine is clearly faster in a pair only by chance (all but one of 12 pairs by chance:
+    p < 3e-4 even if a single pair does so 40% of the time)."""
+    pairs = list(zip(res.probe_repeat_ns, res.probe_distinct_ns))
+    if len(pairs) < 5:
         return
-    r, d = float(np.median(rep)), float(np.median(dist))
-    if r <= 0 or d / r > CACHE_RATIO:
-        raise _Fail("caching", f"caching: {d / max(r, 1.0):.1f}x faster on one repeated input than on distinct inputs "
-                               f"(median {r / 1e3:.1f} vs {d / 1e3:.1f} us; MLPerf TEST04)")
+    faster = sum(1 for r, d in pairs if r * CACHE_RATIO < d)
+    if faster >= len(pairs) - 1:
+        r = float(np.median(res.probe_repeat_ns))
+        d = float(np.median(res.probe_distinct_ns))
+        raise _Fail("caching", f"caching: a repeated input ran {d / max(r, 1.0):.1f}x faster than distinct inputs "
+                               f"(median {r / 1e3:.1f} vs {d / 1e3:.1f} us; faster by over {CACHE_RATIO}x in "
+                               f"{faster} of {len(pairs)} back-to-back pairs; MLPerf TEST04)")

@@ -626,7 +626,7 @@ static int run_job(run_state* r) {
     }
   if (be->bind(be, work, outs, err, sizeof err)) { fail(r, "bind failed: %s", err); goto done; }
 
-  double fresh_seed_d = 0, checks_d = 4, fastest_d = 2, probe_d = 8;
+  double fresh_seed_d = 0, checks_d = 4, fastest_d = 2, probe_d = 12;
   json_num(json_get(req, "fresh_seed"), &fresh_seed_d);
   json_num(json_get(req, "check_iters"), &checks_d);
   json_num(json_get(req, "check_fastest"), &fastest_d);
@@ -744,6 +744,10 @@ static int run_job(run_state* r) {
   r->probe_dist = (int64_t*)calloc((size_t)n_probe + 1, sizeof(int64_t));
   if (!r->probe_rep || !r->probe_dist) { fail(r, "out of memory%s", ""); goto done; }
   long long rep_t = t++;
+  if (n_probe) { /* the repeated input once untimed first: a cache would hold it from here on */
+    fill_fresh(work, sets, r->n_sets, r->n_in, seed, rep_t);
+    if (be->run(be, err, sizeof err)) { fail(r, "probe run failed: %s", err); goto done; }
+  }
   for (int i = 0; i < n_probe; i++) {
     fill_fresh(work, sets, r->n_sets, r->n_in, seed, rep_t);
     int64_t a = now_ns();

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from edgetune.build.native import build_agent
 from edgetune.devices.base import Completed, Transport
 from edgetune.devices.inventory import DeviceSpec, fingerprint_key, open_transport
 from edgetune.errors import DeviceError, DeviceUnreachable
@@ -32,7 +33,7 @@ from edgetune.hashing import sha256_file
 PROTOCOL = 2
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
 CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
-PROBE_PAIRS = 8  # TEST04 probe: repeated-input vs distinct-input iterations
+PROBE_PAIRS = 12  # TEST04 probe: repeated-input vs distinct-input iterations
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_AGENT = REPO_ROOT / "device_agents" / "python" / "edgetune_agent.py"
 
@@ -225,10 +226,6 @@ class AgentClient:
         return [py, remote]
 
     def _provision_native(self) -> list[str]:
-        try:
-            from edgetune.build.native import build_agent
-        except ImportError as exc:  # pragma: no cover - part of the package
-            raise DeviceError(f"{self.spec.name}: no Python with numpy on the device and no native agent builder") from exc
         c = self._must(["uname", "-m"], "uname -m")
         arch = c.text().strip()
         triple = {"x86_64": None, "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}.get(arch, "unsupported")

@@ -17,8 +17,11 @@ def tune_kernels_cmd(
     device: str = DeviceOpt,
     trials: int = typer.Option(64, "--trials", "-n", help="measured kernels per workload (records already in the device's tuning database count)"),
     dim: List[str] = DimOpt,
-    rounds: int = typer.Option(3, "--rounds", help="final interleaved rounds: selected kernel vs onnxruntime"),
-    baseline: bool = typer.Option(True, "--baseline/--no-baseline", help="race the op run by onnxruntime on the device"),
+    rounds: int = typer.Option(5, "--rounds", help="final interleaved rounds, fresh inputs each: the selected kernel vs "
+                               "every baseline form (a verdict needs at least 3)"),
+    baseline: bool = typer.Option(True, "--baseline/--no-baseline",
+                                  help="race the op against its strongest baseline on the device: onnxruntime with "
+                                  "constant and with runtime weights, numpy/BLAS and LiteRT/XNNPACK (Python agent)"),
     budget_ms: float = typer.Option(100.0, "--budget-ms", help="timing budget per kernel measurement"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a kernel counts as hung"),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="kernel threads (default: the device's cores)"),
@@ -57,6 +60,8 @@ def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms,
         elif kind == "trial" and ev["name"] in tasks:
             progress.update(tasks[ev["name"]], completed=ev["done"],
                             description=f"best {ev['best_gflops']:.2f} GFLOP/s" if ev["best_gflops"] else "no verified kernel yet")
+        elif kind == "final" and ev["name"] in tasks:
+            progress.update(tasks[ev["name"]], description=f"final: {ev['rounds']} rounds vs the baseline forms")
         elif kind == "done":
             r = ev["result"]
             if ev["name"] in tasks:
@@ -86,21 +91,32 @@ def _print_table(outcome) -> None:
              + (f", EMULATED: {outcome.emulated}" if emu else "") + f") — {peak} — run {outcome.run_id}")
     tag = " (emulated)" if emu else ""
     t = Table("workload", f"GFLOP/s{tag}", f"median{tag}", "% peak", "trials", "reused", "tune s", "verified",
-              "vs onnxruntime", title=title)
+              f"baseline forms GFLOP/s{tag}", "vs strongest baseline [95% CI]", title=title)
     for r in outcome.results:
-        if r.baseline and r.baseline.get("speedup"):
-            b = r.baseline
-            vs = f"{b['speedup']:.2f}× [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}]{tag}"
-        elif r.baseline:
-            vs = f"— ({r.baseline['reason']})"
+        b = r.baseline
+        if b and b.get("speedup"):
+            vs = (f"{b['speedup']:.2f}× [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}] {b['verdict']} "
+                  f"vs {b['form']}, {b['rounds']} rounds{tag}")
+        elif b:
+            vs = f"— ({b['reason']})"
         else:
             vs = "—"
+        forms = "; ".join(f"{f['form']}{'*' if f.get('strongest') else ''} {f['gflops']:.2f}" if f.get("gflops")
+                          else f"{f['form']} {f['status']}" for f in (b or {}).get("forms", []))
         t.add_row(r.name, f"{r.gflops:.2f}" if r.gflops else "—", _fmt_ns(r.median_ns),
                   f"{r.peak_pct:.1f}%" if r.peak_pct is not None else "—",
                   f"{r.trials_measured}" + (f" ({r.trials_failed} failed)" if r.trials_failed else ""),
                   str(r.reused_records), f"{r.tuning_s:.1f}",
-                  "[green]yes[/]" if r.verified else f"[red]no[/] {r.reason[:80]}", vs)
+                  "[green]yes[/]" if r.verified else f"[red]no[/] {r.reason[:80]}", forms or "—", vs)
     console.print(t)
+    notes = [f"  {r.name}: {f['form']} {f['status']}: {f['reason']}" for r in outcome.results
+             for f in (r.baseline or {}).get("forms", []) if f["status"] != "verified"]
+    notes += [f"  {r.name}: reference {r.reference}" for r in outcome.results if "not independent" in r.reference]
+    if notes:
+        console.print("\n".join(["baseline forms not used / references:"] + notes), highlight=False, markup=False)
+    if any(r.baseline and r.baseline.get("forms") for r in outcome.results):
+        console.print("* the strongest verified baseline form (lowest median over the final rounds): the verdict "
+                      "is against it (t interval on per-round log ratios; no verdict below 3 rounds)", highlight=False)
     console.print(f"tuning records: {outcome.tuning_dir} (device {outcome.fingerprint_key}); results: {outcome.db_path}",
                   highlight=False)
 

@@ -7,30 +7,45 @@ device's native agent, every kernel verified, results stored in edgetune's SQLit
 2. provision the native agent, read the device's cpuinfo → its TVM target and cross compiler;
 3. per workload, MetaSchedule search with ``DeviceMeasure`` (tuning database under
    ``EDGETUNE_HOME/kernels/<device fingerprint>/<target>/``, so a rerun reuses its records);
-4. the selected kernel is measured again in ``rounds`` rounds on a fresh input set, interleaved
-   with onnxruntime's default running the same operator as a one-node ONNX model on the same
-   device (when the device has onnxruntime and the op has an ONNX form): kernel, ort, ort,
-   kernel, ... so drift hits both; every run's output is verified;
-5. one record per workload and round (tuned kernel, and the ort baseline) in a run of config
-   kind "kernels", so ``edgetune db``/``report`` read it like any other run.
+4. the selected kernel is measured again in ``rounds`` fresh rounds against the STRONGEST BASELINE
+   (DESIGN.md §4.5): every honest form of the same operator the device can run —
+   onnxruntime with constant weights (initializers) and with runtime weights (graph inputs), on the
+   native agent; numpy/BLAS and LiteRT/XNNPACK (a .tflite written here) on the Python agent where
+   the device has Python. Kernel and forms are interleaved with a rotating order (K A B C, A B C K,
+   …) so drift hits all; each round has new activations, while a weight operand keeps the same
+   values in every round and every form (the constant-weight forms are built from exactly the
+   values the kernel receives). Every run is verified; a form that fails is recorded as failed and
+   not used. The form with the lowest median over the rounds is the verdict's baseline; the
+   speedup and verdict come from ``measure.round_ratio`` (t interval on per-round log ratios, no
+   verdict below 3 rounds);
+5. one record per workload, round and participant (tuned kernel, each baseline form) in a run of
+   config kind "kernels", so ``edgetune db``/``report`` read it like any other run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from edgetune.candidate import Candidate
+from edgetune.kernels.measurement import verify_run
 from edgetune.errors import DeviceError, UserInputError
+from edgetune.kernels.workloads import TensorSpec
 
 KernelEvent = Callable[[dict[str, Any]], None]
+
+DEFAULT_ROUNDS = 5  # final interleaved rounds; a verdict needs measure.MIN_VERDICT_ROUNDS (3)
+FINAL_WEIGHT_SEED = 2  # the weight operands of the final rounds (the same in every round and form)
+FINAL_SEED_BASE = 100  # round r's activations: random_inputs(FINAL_SEED_BASE + r)
 
 
 @dataclass
@@ -40,7 +55,7 @@ class KernelSessionConfig:
     model: str | None = None
     dims: Sequence[str] = ()
     trials: int = 64
-    rounds: int = 3  # final interleaved rounds (kernel vs baseline)
+    rounds: int = DEFAULT_ROUNDS  # final interleaved rounds (kernel vs every baseline form)
     baseline: bool = True
     budget_ms: float = 100.0
     timeout_s: float = 60.0
@@ -74,8 +89,12 @@ class KernelResult:
     tuning_s: float
     emulated: bool
     failures: dict[str, int] = field(default_factory=dict)
-    baseline: dict[str, Any] | None = None  # {"backend","median_ns","gflops","ratio","ci95","faster","reason"}
+    # the verdict against the strongest baseline form: {"backend" (its label), "form", "median_ns",
+    # "gflops", "speedup", "ci95", "verdict", "rounds", "method", "reason", "forms": [every form:
+    # {"form","label","status","reason","median_ns","gflops","rounds","speedup","ci95","verdict","strongest"}]}
+    baseline: dict[str, Any] | None = None
     artifact: str | None = None
+    reference: str = ""  # how the host's reference was computed (independent or not)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -132,30 +151,484 @@ def model_input_shapes(model_path: str, dims: Sequence[str]) -> tuple[Any, dict[
     return model, {s.name: s.resolve(point) for s in model.inputs}
 
 
-def op_onnx_model(w):
-    """A one-node ONNX model computing operator workload ``w`` (weights as graph inputs, like the
-    kernel), or None for ops without a plain ONNX form."""
-    from onnx import TensorProto, helper
+# ---------------------------------------------------------------------------------------------
+# Baseline forms of an operator (DESIGN.md §4.5: the strongest baseline, never a handicapped one)
+# ---------------------------------------------------------------------------------------------
+
+# Which inputs of an operator are weights (constant in a real model). batch_matmul has none: in
+# attention both operands are activations, so a constant-operand form would not be honest.
+WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {"gemm": (1,), "conv2d_nchw": (1,), "conv2d_nhwc": (1,),
+                                             "depthwise_conv2d_nchw": (1,)}
+
+
+def weight_inputs(w) -> tuple[int, ...]:
+    """Indices of ``w``'s weight operands (() for fused tasks and batch_matmul)."""
+    return WEIGHT_INPUTS.get(getattr(w, "op", None) or "", ())
+
+
+def final_weights(w) -> dict[int, np.ndarray]:
+    """The weight operands of the final rounds: one seeded draw, used in every round and every form."""
+    idx = weight_inputs(w)
+    if not idx:
+        return {}
+    xs = w.random_inputs(FINAL_WEIGHT_SEED)
+    return {k: xs[k] for k in idx}
+
+
+def final_inputs(w, rnd: int, weights: Mapping[int, np.ndarray]) -> list[np.ndarray]:
+    """Round ``rnd``'s input set: fresh activations, the fixed weights (exactly these values)."""
+    xs = w.random_inputs(FINAL_SEED_BASE + rnd)
+    for k, v in weights.items():
+        xs[k] = v
+    return xs
+
+
+class FormView:
+    """An operator as one baseline form sees it: the inputs it is sent (weights it holds as
+    constants left out, layouts it prefers applied on the host, outside the timed region) and the
+    outputs it returns. ``reference(form inputs)`` maps back to the operator's float64 reference,
+    so the form is verified in its own terms exactly like the kernel (same verifier, same tolerance)."""
+
+    def __init__(self, w, constants: Mapping[int, np.ndarray] | None = None,
+                 in_perm: Mapping[int, Sequence[int]] | None = None,
+                 out_perm: Mapping[int, Sequence[int]] | None = None, tag: str = ""):
+        self.w = w
+        self.constants = {int(k): np.asarray(v) for k, v in (constants or {}).items()}
+        self.in_perm = {int(k): tuple(v) for k, v in (in_perm or {}).items()}
+        self.out_perm = {int(k): tuple(v) for k, v in (out_perm or {}).items()}
+        self.tag = tag
+        self.sent = [k for k in range(len(w.inputs)) if k not in self.constants]
+
+    # -- what the verifier and the agent see
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(self._spec(self.w.inputs[k], self.in_perm.get(k)) for k in self.sent)
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(self._spec(s, self.out_perm.get(k)) for k, s in enumerate(self.w.outputs))
+
+    @staticmethod
+    def _spec(s: TensorSpec, perm) -> TensorSpec:
+        return TensorSpec(s.name, tuple(s.shape[a] for a in perm), s.dtype) if perm else s
+
+    def key(self) -> str:
+        return f"{self.w.key()}|{self.tag}"
+
+    def flops(self) -> int:
+        return int(self.w.flops())
+
+    def __getattr__(self, name):  # anything else (name, spec, op, ...) is the operator's
+        return getattr(self.w, name)
+
+    # -- mappings
+    def to_form(self, kernel_inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The kernel's input set -> what this form is sent (its constants must be these values)."""
+        for k, v in self.constants.items():
+            if not np.array_equal(np.asarray(kernel_inputs[k]), v):
+                raise ValueError(f"input {k} differs from the weights the {self.tag} form was built with")
+        out = []
+        for k in self.sent:
+            x = np.asarray(kernel_inputs[k])
+            out.append(np.ascontiguousarray(x.transpose(self.in_perm[k])) if k in self.in_perm else x.copy())
+        return out
+
+    def to_kernel(self, form_inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        it = iter(form_inputs)
+        xs = []
+        for k in range(len(self.w.inputs)):
+            if k in self.constants:
+                xs.append(self.constants[k])
+            else:
+                x = np.asarray(next(it))
+                xs.append(x.transpose(np.argsort(self.in_perm[k])) if k in self.in_perm else x)
+        return xs
+
+    def outputs_to_form(self, kernel_outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [np.ascontiguousarray(np.asarray(o).transpose(self.out_perm[k])) if k in self.out_perm else o
+                for k, o in enumerate(kernel_outputs)]
+
+    def reference(self, form_inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self.outputs_to_form(self.w.reference(self.to_kernel(form_inputs)))
+
+    def random_inputs(self, seed: int) -> list[np.ndarray]:
+        xs = self.w.random_inputs(seed)
+        for k, v in self.constants.items():
+            xs[k] = v
+        return self.to_form(xs)
+
+
+@dataclass
+class BaselineForm:
+    """One honest form of the operator on the device: how it is run and how it is verified."""
+
+    key: str  # ort-constant | ort-runtime | numpy | tflite
+    label: str
+    candidate: Candidate
+    agent: str  # "native" (the kernel's agent) | "python"
+    backend: str  # the agent backend: ort | adapter | tflite
+    artifact: Path
+    view: FormView
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
+    """A one-node ONNX model computing operator workload ``w``, or None for ops without an ONNX form.
+
+    ``constants`` {input index: array}: those inputs are initializers holding exactly these values
+    (the constant-weight form, onnxruntime's path in a real model: prepacked weights); the others
+    are graph inputs. Layout adaptations a real model would have are nodes of the graph (a
+    transposed batch_matmul operand, NHWC convolution through NCHW Conv), so onnxruntime's own
+    optimizer may fuse them, as it would in a model."""
+    from onnx import TensorProto, helper, numpy_helper
 
     op = getattr(w, "op", None)
+    constants = dict(constants or {})
     ins, outs = w.inputs, w.outputs
-    if op in ("gemm", "batch_matmul"):
-        node = helper.make_node("MatMul", [ins[0].name, ins[1].name], [outs[0].name])
-    elif op in ("conv2d_nchw", "depthwise_conv2d_nchw"):
+    a, b, y = ins[0].name, ins[1].name, outs[0].name
+    nodes = []
+    if op == "gemm":
+        nodes.append(helper.make_node("MatMul", [a, b], [y]))
+    elif op == "batch_matmul":
+        if w.TB:
+            nodes.append(helper.make_node("Transpose", [b], [b + "_t"], perm=[0, 2, 1]))
+            b = b + "_t"
+        nodes.append(helper.make_node("MatMul", [a, b], [y]))
+    elif op in ("conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc"):
         attrs = dict(strides=[w.stride, w.stride], pads=[w.pad] * 4, kernel_shape=[w.R, w.S])
         if op == "depthwise_conv2d_nchw":
             attrs["group"] = w.C
-        node = helper.make_node("Conv", [ins[0].name, ins[1].name], [outs[0].name], **attrs)
+        if op == "conv2d_nhwc":  # ONNX Conv is NCHW: the transposes a converted NHWC model carries
+            nodes.append(helper.make_node("Transpose", [a], [a + "_nchw"], perm=[0, 3, 1, 2]))
+            nodes.append(helper.make_node("Transpose", [b], [b + "_oihw"], perm=[3, 2, 0, 1]))
+            nodes.append(helper.make_node("Conv", [a + "_nchw", b + "_oihw"], [y + "_nchw"], **attrs))
+            nodes.append(helper.make_node("Transpose", [y + "_nchw"], [y], perm=[0, 2, 3, 1]))
+        else:
+            nodes.append(helper.make_node("Conv", [a, b], [y], **attrs))
     else:
         return None
 
     def vi(s):
         return helper.make_tensor_value_info(s.name, TensorProto.FLOAT, list(s.shape))
 
-    graph = helper.make_graph([node], op, [vi(s) for s in ins], [vi(s) for s in outs])
+    inits = []
+    for k, v in sorted(constants.items()):
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        if tuple(v.shape) != tuple(ins[k].shape):
+            raise ValueError(f"constant {ins[k].name}: shape {v.shape}, expected {ins[k].shape}")
+        inits.append(numpy_helper.from_array(v, ins[k].name))
+    graph = helper.make_graph(nodes, op, [vi(s) for k, s in enumerate(ins) if k not in constants],
+                              [vi(s) for s in outs], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+_NHWC = (0, 2, 3, 1)  # NCHW array -> NHWC
+
+
+def _tflite_padding(S, size: int, k: int, stride: int, pad: int, out: int):
+    """TFLite padding equal to a symmetric zero pad: VALID (pad 0), SAME when it pads exactly the
+    same, else None (an explicit PAD op then VALID)."""
+    if pad == 0:
+        return S.Padding.VALID
+    same_out = -(-size // stride)
+    total = max((same_out - 1) * stride + k - size, 0)
+    if same_out == out and total // 2 == pad:
+        return S.Padding.SAME
+    return None
+
+
+def op_tflite_model(w, constants: Mapping[int, np.ndarray]) -> tuple[bytes, FormView] | None:
+    """A one-op .tflite computing ``w`` the way LiteRT runs it best (XNNPACK: NHWC activations,
+    constant weights), with the FormView mapping the kernel's layout to it; None where there is no
+    such form. The weights are ``constants`` (the kernel's values), transformed to TFLite's layout."""
+    from models._tflite import S, TFLiteGraph  # needs ai-edge-litert's schema bindings on the host
+
+    op = getattr(w, "op", None)
+    t = TFLiteGraph()
+    act = S.ActivationFunctionType.NONE
+    if op == "gemm":
+        view = FormView(w, constants, tag="tflite")
+        a = t.activation(w.inputs[0].name, (w.M, w.K))
+        wt = t.const("W", np.ascontiguousarray(constants[1].T))  # FULLY_CONNECTED wants [out, in]
+        bias = t.const("bias", np.zeros(w.N, np.float32))
+        y = t.activation(w.outputs[0].name, (w.M, w.N))
+        o = S.FullyConnectedOptionsT()
+        o.fusedActivationFunction = act
+        t.op(S.BuiltinOperator.FULLY_CONNECTED, [a, wt, bias], [y], S.BuiltinOptions.FullyConnectedOptions, o)
+        return t.serialize([a], [y], f"edgetune baseline {w.spec()}"), view
+    if op == "batch_matmul":
+        view = FormView(w, {}, tag="tflite")
+        a = t.activation(w.inputs[0].name, w.inputs[0].shape)
+        b = t.activation(w.inputs[1].name, w.inputs[1].shape)
+        y = t.activation(w.outputs[0].name, w.outputs[0].shape)
+        o = S.BatchMatMulOptionsT()
+        o.adjX, o.adjY = False, bool(w.TB)
+        t.op(S.BuiltinOperator.BATCH_MATMUL, [a, b], [y], S.BuiltinOptions.BatchMatMulOptions, o)
+        return t.serialize([a, b], [y], f"edgetune baseline {w.spec()}"), view
+    if op not in ("conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc"):
+        return None
+    wv = np.asarray(constants[1], np.float32)
+    if op == "conv2d_nhwc":
+        view = FormView(w, constants, tag="tflite")
+        filt = wv.transpose(3, 0, 1, 2)  # HWIO -> OHWI
+        cin, cout = w.C, w.K
+    else:
+        view = FormView(w, constants, in_perm={0: _NHWC}, out_perm={0: _NHWC}, tag="tflite")
+        if op == "conv2d_nchw":
+            filt = wv.transpose(0, 2, 3, 1)  # OIHW -> OHWI
+            cin, cout = w.C, w.K
+        else:
+            filt = wv[:, 0].transpose(1, 2, 0)[None]  # [C,1,R,S] -> [1,R,S,C]
+            cin = cout = w.C
+    x = t.activation(w.inputs[0].name, (w.N, w.H, w.W, cin))
+    graph_in = x
+    ph = _tflite_padding(S, w.H, w.R, w.stride, w.pad, w.P)
+    pw = _tflite_padding(S, w.W, w.S, w.stride, w.pad, w.Q)
+    padding = ph if ph is not None and ph == pw else None
+    if padding is None:  # explicit symmetric zero pad, then VALID
+        p = w.pad
+        xp = t.activation("X_padded", (w.N, w.H + 2 * p, w.W + 2 * p, cin))
+        pads = t.const("paddings", np.array([[0, 0], [p, p], [p, p], [0, 0]], np.int32))
+        t.op(S.BuiltinOperator.PAD, [x, pads], [xp], S.BuiltinOptions.PadOptions, S.PadOptionsT())
+        x, padding = xp, S.Padding.VALID
+    f = t.const("W", np.ascontiguousarray(filt, np.float32))
+    bias = t.const("bias", np.zeros(cout, np.float32))
+    y = t.activation(w.outputs[0].name, (w.N, w.P, w.Q, cout))
+    if op == "depthwise_conv2d_nchw":
+        o = S.DepthwiseConv2DOptionsT()
+        o.depthMultiplier = 1
+        code, otype = S.BuiltinOperator.DEPTHWISE_CONV_2D, S.BuiltinOptions.DepthwiseConv2DOptions
+    else:
+        o = S.Conv2DOptionsT()
+        code, otype = S.BuiltinOperator.CONV_2D, S.BuiltinOptions.Conv2DOptions
+    o.padding = padding
+    o.strideH = o.strideW = w.stride
+    o.dilationHFactor = o.dilationWFactor = 1
+    o.fusedActivationFunction = act
+    t.op(code, [x, f, bias], [y], otype, o)
+    return t.serialize([graph_in], [y], f"edgetune baseline {w.spec()}"), view
+
+
+_NUMPY_ADAPTER = '''"""edgetune baseline: {spec} in numpy (float32, BLAS through numpy.matmul), generated by
+edgetune.kernels.session. load(model_path, params) -> callable(inputs) -> outputs; outputs are
+computed on every call into a preallocated buffer (the strongest honest numpy form)."""
+import numpy as np
+
+OP = {op!r}
+P = {params!r}
+
+
+def load(model_path, params):
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    out_shape = tuple({out_shape!r})
+    y = np.empty(out_shape, np.float32)
+    if OP == "gemm":
+        def run(inputs):
+            np.matmul(inputs[0], inputs[1], out=y)
+            return [y]
+    elif OP == "batch_matmul":
+        def run(inputs):
+            b = inputs[1].transpose(0, 2, 1) if P["TB"] else inputs[1]
+            np.matmul(inputs[0], b, out=y)
+            return [y]
+    elif OP == "depthwise_conv2d_nchw":
+        n, c, h, w_, r, s, st, pad = (P[k] for k in ("N", "C", "H", "W", "R", "S", "stride", "pad"))
+        pq = out_shape[2:]
+        xp = np.zeros((n, c, h + 2 * pad, w_ + 2 * pad), np.float32)
+        tmp = np.empty(out_shape, np.float32)
+
+        def run(inputs):
+            x, wt = inputs
+            xp[:, :, pad:pad + h, pad:pad + w_] = x
+            first = True
+            for i in range(r):
+                for j in range(s):
+                    tap = xp[:, :, i:i + st * (pq[0] - 1) + 1:st, j:j + st * (pq[1] - 1) + 1:st]
+                    k = wt[:, 0, i, j].reshape(1, c, 1, 1)
+                    if first:
+                        np.multiply(tap, k, out=y)
+                        first = False
+                    else:
+                        np.multiply(tap, k, out=tmp)
+                        np.add(y, tmp, out=y)
+            return [y]
+    elif OP == "conv2d_nchw":
+        n, c, h, w_, kk, r, s, st, pad = (P[k] for k in ("N", "C", "H", "W", "K", "R", "S", "stride", "pad"))
+        pq = out_shape[2] * out_shape[3]
+        if r == s == 1 and st == 1 and pad == 0:
+            def run(inputs):
+                x, wt = inputs
+                np.matmul(wt.reshape(kk, c), x.reshape(n, c, h * w_), out=y.reshape(n, kk, pq))
+                return [y]
+        else:
+            xp = np.zeros((n, c, h + 2 * pad, w_ + 2 * pad), np.float32)
+
+            def run(inputs):
+                x, wt = inputs
+                xp[:, :, pad:pad + h, pad:pad + w_] = x
+                win = sliding_window_view(xp, (r, s), axis=(2, 3))[:, :, ::st, ::st]  # N C P Q R S
+                w2 = wt.reshape(kk, c * r * s)
+                for b in range(n):
+                    cols = win[b].transpose(0, 3, 4, 1, 2).reshape(c * r * s, pq)  # im2col
+                    np.matmul(w2, cols, out=y[b].reshape(kk, pq))
+                return [y]
+    elif OP == "conv2d_nhwc":
+        n, c, h, w_, kk, r, s, st, pad = (P[k] for k in ("N", "C", "H", "W", "K", "R", "S", "stride", "pad"))
+        pq = out_shape[1] * out_shape[2]
+        if r == s == 1 and st == 1 and pad == 0:
+            def run(inputs):
+                x, wt = inputs
+                np.matmul(x.reshape(n * h * w_, c), wt.reshape(c, kk), out=y.reshape(n * pq, kk))
+                return [y]
+        else:
+            xp = np.zeros((n, h + 2 * pad, w_ + 2 * pad, c), np.float32)
+
+            def run(inputs):
+                x, wt = inputs
+                xp[:, pad:pad + h, pad:pad + w_, :] = x
+                win = sliding_window_view(xp, (r, s), axis=(1, 2))[:, ::st, ::st]  # N P Q C R S
+                cols = win.transpose(0, 1, 2, 4, 5, 3).reshape(n * pq, r * s * c)
+                np.matmul(cols, wt.reshape(r * s * c, kk), out=y.reshape(n * pq, kk))
+                return [y]
+    else:
+        raise ValueError("no numpy form of " + OP)
+    return run
+'''
+
+
+def numpy_adapter_source(w) -> str | None:
+    """A Python adapter (the Python agent's ``adapter`` backend) computing ``w`` in numpy, or None."""
+    op = getattr(w, "op", None)
+    if op not in ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc"):
+        return None
+    return _NUMPY_ADAPTER.format(spec=w.spec(), op=op, params=w.params(), out_shape=list(w.outputs[0].shape))
+
+
+@dataclass
+class BaselineDevice:
+    """What the device offers the baseline forms: onnxruntime on the native agent, and the Python
+    agent (numpy, LiteRT) when the device has Python; ``*_reason`` say why a runtime is missing."""
+
+    native_ort: bool = False
+    native_ort_reason: str = ""
+    python: Any = None  # an AgentClient on the Python agent, or None
+    python_info: Any = None
+    python_reason: str = ""
+    num_threads: int = 1
+
+    @property
+    def tflite(self) -> bool:
+        return self.python_info is not None and bool(self.python_info.runtimes.get("tflite"))
+
+
+def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
+                   dev: BaselineDevice) -> tuple[list[BaselineForm], list[dict[str, Any]]]:
+    """Every honest form of operator ``w`` the device can run, built here into ``workdir``, and the
+    forms that cannot run (``{"form","label","status":"unavailable","reason"}``). The constant-weight
+    forms hold exactly ``weights`` (the values the kernel receives in every final round)."""
+    forms: list[BaselineForm] = []
+    skipped: list[dict[str, Any]] = []
+    op = getattr(w, "op", None)
+    tag = hashlib.sha256(w.key().encode()).hexdigest()[:12]
+
+    def skip(key, label, reason):
+        skipped.append({"form": key, "label": label, "status": "unavailable", "reason": reason})
+
+    if op is None:
+        reason = "no one-node form (fused task)"
+        for key, label in (("ort-constant", "onnxruntime, constant weights"),
+                           ("ort-runtime", "onnxruntime, runtime weights"), ("numpy", "numpy"),
+                           ("tflite", "LiteRT/XNNPACK")):
+            skip(key, label, reason)
+        return forms, skipped
+
+    # onnxruntime, on the native agent (the kernel's own agent: same process model)
+    ort_forms = [("ort-constant", "onnxruntime, constant weights", dict(weights), "constant"),
+                 ("ort-runtime", "onnxruntime, runtime weights", {}, "runtime")]
+    for key, label, consts, kind in ort_forms:
+        if kind == "constant" and not weights:
+            skip(key, label, f"{op} has no weight operand (both operands are activations)")
+            continue
+        if not dev.native_ort:
+            skip(key, label, dev.native_ort_reason or "no onnxruntime on the device")
+            continue
+        model = op_onnx_model(w, consts)
+        if model is None:
+            skip(key, label, f"no ONNX form of {op}")
+            continue
+        path = workdir / f"{tag}-{key}.onnx"
+        path.write_bytes(model.SerializeToString())
+        forms.append(BaselineForm(key, label, Candidate.make("ort", {"weights": kind}, baseline=True),
+                                  "native", "ort", path, FormView(w, consts, tag=key)))
+
+    # numpy/BLAS, as a generated adapter on the Python agent
+    src = numpy_adapter_source(w)
+    if dev.python is None:
+        skip("numpy", "numpy", dev.python_reason or "no Python agent on the device")
+    elif src is None:
+        skip("numpy", "numpy", f"no numpy form of {op}")
+    else:
+        path = workdir / f"{tag}-numpy.py"
+        path.write_text(src)
+        forms.append(BaselineForm("numpy", "numpy (float32, BLAS)",
+                                  Candidate.make("numpy", {"weights": "runtime", "via": "adapter"}, baseline=True),
+                                  "python", "adapter", path, FormView(w, {}, tag="numpy")))
+
+    # LiteRT with its default XNNPACK delegate, from a .tflite written here
+    label = "LiteRT/XNNPACK"
+    if dev.python is None:
+        skip("tflite", label, dev.python_reason or "no Python agent on the device")
+    elif not dev.tflite:
+        skip("tflite", label, "no LiteRT (ai_edge_litert / tflite_runtime) on the device")
+    else:
+        try:
+            built = op_tflite_model(w, weights)
+        except ImportError as exc:
+            built, why = None, f"cannot write .tflite here ({exc})"
+        else:
+            why = f"no TFLite form of {op}"
+        if built is None:
+            skip("tflite", label, why)
+        else:
+            data, view = built
+            path = workdir / f"{tag}-tflite.tflite"
+            path.write_bytes(data)
+            kind = "constant" if weights else "runtime"
+            layout = "NHWC" if view.in_perm else "as kernel"
+            forms.append(BaselineForm("tflite", f"LiteRT/XNNPACK, {kind} weights" + (", NHWC" if view.in_perm else ""),
+                                      Candidate.make("tflite", {"weights": kind, "layout": layout,
+                                                                "num_threads": dev.num_threads}, baseline=True),
+                                      "python", "tflite", path, view, {"num_threads": dev.num_threads}))
+    return forms, skipped
+
+
+def _python_agent(spec, transport, num_threads: int) -> tuple[Any, Any, str]:
+    """(client, info, "") on the device's Python agent (own work dir, sharing the kernel agent's
+    connection), or (None, None, why not)."""
+    import os
+
+    from edgetune.agent.host import AgentClient
+    from edgetune.devices.inventory import DeviceSpec
+
+    if spec.options.get("native"):
+        return None, None, "the device is configured native-only (no Python agent)"
+    base = spec.workdir or str(Path(tempfile.gettempdir()) / f"edgetune-local-{os.getuid()}")
+    pspec = DeviceSpec(spec.name, spec.url, {**spec.options, "workdir": base.rstrip("/") + "-kbase"})
+    client = AgentClient(pspec, transport=transport)
+    try:
+        probe = transport.run([client._python(), "-c", "import numpy, sys; print(sys.version_info[0])"],  # noqa: SLF001
+                              timeout=60)
+        if not (probe.ok and probe.text().strip() == "3"):
+            return None, None, "no Python with numpy on the device"
+        info = client.provision()
+    except DeviceError as exc:
+        return None, None, f"Python agent unavailable: {exc}"
+    if info.agent != "python":
+        return None, None, "no Python agent on the device"
+    return client, info, ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,26 +636,21 @@ def op_onnx_model(w):
 # ---------------------------------------------------------------------------------------------
 
 
-def _verify_run(run, workload, inputs, reference, rtol=1e-4):
-    """(ok, reason, max_abs, max_rel) of a KernelRun against the host's reference."""
-    from edgetune.kernels.search import verify_outputs
-
-    if run.status != "ok":
-        return False, f"{run.status}: {run.reason}", None, None
-    if not run.samples_ns:
-        return False, "no timing samples", None, None
-    v = verify_outputs(run.outputs, reference, workload.outputs, rtol=rtol, repeat_outputs=run.repeat_outputs)
-    return v.ok, v.reason, v.max_abs_err, v.max_rel_err
+def _verify_run(run, workload, inputs, reference, *, peak_gflops=None, timings_trusted=True):
+    """(ok, reason, max_abs, max_rel) of a KernelRun: the one verifier (timed iterations on fresh
+    inputs included), against the host's float64 reference; the reason starts with its code."""
+    v = verify_run(run, workload, inputs, reference, peak_gflops=peak_gflops, timings_trusted=timings_trusted)
+    if v.ok:
+        return True, "", v.max_abs_err, v.max_rel_err
+    return False, f"{v.code}: {v.reason}", v.max_abs_err, v.max_rel_err
 
 
 def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) -> KernelSessionOutcome:
     from edgetune import __version__
-    from edgetune.candidate import Candidate
     from edgetune.db import Store
     from edgetune.devices.inventory import Inventory, edgetune_home
     from edgetune.kernels.device_measure import DeviceMeasure, device_kernel_target
     from edgetune.kernels.search import tune_workload
-    from edgetune.measure import grouped_speedup, summarize
 
     emit = progress or (lambda ev: None)
     if cfg.trials < 0:
@@ -205,6 +673,7 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
     tuning_dir = Path(cfg.tuning_dir) if cfg.tuning_dir else edgetune_home() / "kernels"
 
     measure = DeviceMeasure(spec, cfg.num_threads, cfg.budget_ms, cfg.timeout_s, max_iters=20_000)
+    bdev = BaselineDevice()
     try:
         probe = measure.probe()
         info = probe.info
@@ -233,8 +702,12 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
         fp, fp_key = probe.fingerprint, probe.fingerprint_key
         import tvm
 
+        bdev = _baseline_device(cfg, spec, measure, info, workloads)
         versions = {"edgetune": __version__, "agent": f"{info.agent} {info.agent_version}", "tvm": tvm.__version__,
                     "device_runtimes": {k: v for k, v in sorted(info.runtimes.items()) if not isinstance(v, list)}}
+        if bdev.python_info is not None:
+            versions["python_agent_runtimes"] = {k: v for k, v in sorted(bdev.python_info.runtimes.items())
+                                                 if not isinstance(v, list)}
         run_id = "k" + uuid.uuid4().hex[:15]
         store.start_run(run_id, source, source_sha, spec.name, fp_key, fp, versions,
                         {"kind": "kernels", "trials": cfg.trials, "rounds": cfg.rounds, "budget_ms": cfg.budget_ms,
@@ -243,7 +716,6 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
                          "dims": list(cfg.dims), "timeout_s": cfg.timeout_s})
         emit({"event": "start", "run_id": run_id, "device": spec.name, "workloads": len(workloads),
               "emulated": probe.emulated, "target": target})
-        ort_ok = cfg.baseline and bool(info.runtimes.get("onnxruntime"))
         results = []
         for i, w in enumerate(workloads):
             name = _name(w)
@@ -255,8 +727,9 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
             out = tune_workload(w, target, cfg.trials, measure, tuning_dir, cb, fingerprint=fp_key, cross_cc=cross_cc)
             if measure.device_error is not None:
                 raise DeviceError(f"{spec.name}: device lost while tuning {name}: {measure.device_error}")
-            res = _finish_workload(store, run_id, w, name, out, measure, ort_ok, cfg, fp_key, versions, target,
-                                   peak, probe.emulated, Candidate, summarize, grouped_speedup)
+            emit({"event": "final", "name": name, "rounds": cfg.rounds})
+            res = _finish_workload(store, run_id, w, name, out, measure, bdev, cfg, fp_key, versions, target,
+                                   peak, probe.emulated)
             if measure.device_error is not None:
                 raise DeviceError(f"{spec.name}: device lost while measuring {name}: {measure.device_error}")
             results.append(res)
@@ -266,8 +739,38 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
         store.finish_run(run_id, {"kind": "kernels", **outcome.as_dict()})
         return outcome
     finally:
+        _close_python_agent(bdev)
         measure.close()
         store.close()
+
+
+def _baseline_device(cfg, spec, measure, info, workloads) -> BaselineDevice:
+    """What the device offers the baseline forms (the Python agent is provisioned only when an
+    operator workload could use it)."""
+    n = measure.num_threads
+    if not cfg.baseline:
+        return BaselineDevice(False, "--no-baseline", None, None, "--no-baseline", n)
+    ort = bool(info.runtimes.get("onnxruntime"))
+    dev = BaselineDevice(ort, "" if ort else "no onnxruntime on the device", num_threads=n)
+    if not any(getattr(w, "op", None) for w in workloads):
+        dev.python_reason = "no one-node form (fused task)"
+        return dev
+    dev.python, dev.python_info, dev.python_reason = _python_agent(measure.device_spec, measure.client.transport, n)
+    return dev
+
+
+def _close_python_agent(dev: BaselineDevice) -> None:
+    """Remove the baseline artifacts and job dirs from the device (its connection is the kernel
+    agent's, closed with it)."""
+    c = dev.python
+    if c is None:
+        return
+    try:
+        w = c.workdir
+        c.transport.run(["rm", "-rf", f"{w}/artifacts", f"{w}/jobs"], timeout=60)
+        c.transport.run(["mkdir", "-p", f"{w}/artifacts", f"{w}/jobs"], timeout=60)
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
 
 
 def _name(w) -> str:
@@ -275,11 +778,33 @@ def _name(w) -> str:
     return spec() if callable(spec) else f"{w.name} (x{w.weight})"
 
 
-def _finish_workload(store, run_id, w, name, out, measure, ort_ok, cfg, fp_key, versions, target, peak, emulated,
-                     Candidate, summarize, grouped_speedup):
-    """Re-measure the selected kernel (and the ort baseline, interleaved), verify, record."""
+def _run_form(form: BaselineForm, form_inputs: list[np.ndarray], measure, dev: BaselineDevice, cfg):
+    """Run one baseline form on its agent: (JobResult or None, KernelRun in the form's terms)."""
     from edgetune.agent.host import Job
     from edgetune.kernels.device_measure import job_to_kernel_run
+    from edgetune.kernels.search import KernelRun
+
+    view = form.view
+    job = Job(backend=form.backend, artifact=form.artifact, params=dict(form.params),
+              input_names=[s.name for s in view.inputs], input_sets=[[x.copy() for x in form_inputs]],
+              output_specs=[s.as_json() for s in view.outputs], budget_ms=cfg.budget_ms,
+              warmup_ms=min(50.0, max(5.0, cfg.budget_ms / 5)), max_iters=20_000, timeout_s=cfg.timeout_s)
+    if form.agent == "native":
+        jr = measure.run_job(job)  # DeviceError propagates: the kernel's own device is gone
+    else:
+        try:
+            jr = dev.python.run_job(job)
+        except DeviceError as exc:
+            return None, KernelRun("error", f"Python agent: {exc}")
+    return jr, job_to_kernel_run(jr, form_inputs, view.outputs)
+
+
+def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice, cfg, fp_key, versions, target,
+                     peak, emulated):
+    """The final rounds: the selected kernel and every baseline form, interleaved with a rotating
+    order, fresh activations per round (fixed weights), every run verified and recorded; the verdict
+    against the strongest verified form (lowest median over the rounds) by ``round_ratio``."""
+    from edgetune.measure import round_ratio, summarize
 
     failures: dict[str, int] = {}
     for r in out.records:
@@ -294,10 +819,11 @@ def _finish_workload(store, run_id, w, name, out, measure, ort_ok, cfg, fp_key, 
                        peak_pct=None, trials_measured=out.trials_measured, trials_failed=sum(failures.values()),
                        reused_records=out.reused_records, tuning_s=round(out.tuning_seconds, 3),
                        emulated=bool(emulated), failures=failures,
-                       artifact=str(out.artifact_path) if out.artifact_path else None)
+                       artifact=str(out.artifact_path) if out.artifact_path else None,
+                       reference=str(getattr(w, "reference_kind", "numpy float64 (independent of TVM)")))
     tuning_info = {"trials_measured": out.trials_measured, "reused_records": out.reused_records,
                    "tuning_s": out.tuning_seconds, "failures": failures, "target_key": out.target_key,
-                   "emulated": emulated}
+                   "emulated": emulated, "reference": res.reference}
     kernel_sha = hashlib.sha256(out.artifact_path.read_bytes()).hexdigest() if out.artifact_path else None
     kcand = Candidate.make("tvm-kernel", {"workload": name, "target": json.dumps(target, sort_keys=True),
                                           "kernel_sha256": kernel_sha, "num_threads": measure.num_threads})
@@ -308,84 +834,122 @@ def _finish_workload(store, run_id, w, name, out, measure, ort_ok, cfg, fp_key, 
                          samples_ns=[], wall_ms=out.tuning_seconds * 1e3, agent_ms=0.0)
         return res
 
-    # the final measurement: a fresh input set the kernel was not selected on
-    inputs = w.random_inputs(2)
-    reference = w.reference(inputs)
-    onnx_path = None
-    bcand = Candidate.make("ort", {}, baseline=True)
-    base_reason = "" if ort_ok else ("no onnxruntime on the device" if cfg.baseline else "--no-baseline")
-    if ort_ok:
-        m = op_onnx_model(w)
-        if m is None:
-            ort_ok, base_reason = False, "no one-node ONNX form (fused task)"
-        else:
-            tmp = Path(tempfile.mkdtemp(prefix="edgetune-kbase-"))
-            onnx_path = tmp / f"{shape_key}.onnx"
-            onnx_path.write_bytes(m.SerializeToString())
-
-    k_groups, b_groups, k_ok, b_ok = [], [], True, ort_ok
-    k_reason = ""
-    for rnd in range(1, cfg.rounds + 1):
-        order = ["kernel", "ort"] if rnd % 2 else ["ort", "kernel"]
-        for who in order:
-            if who == "kernel":
-                t0 = time.perf_counter()
-                run = measure(str(out.artifact_path), [x.copy() for x in inputs], list(w.outputs))
-                wall = (time.perf_counter() - t0) * 1e3
-                ok, reason, mabs, mrel = _verify_run(run, w, inputs, reference)
-                k_ok = k_ok and ok
-                k_reason = k_reason or reason
-                if ok:
-                    k_groups.append(np.asarray(run.samples_ns, np.int64))
-                store.add_record(**common, candidate=kcand.as_dict(), versions=versions, round=rnd,
-                                 status="verified" if ok else "failed", reason=reason,
-                                 verdict={"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel,
-                                          "load_ms": run.load_ms, **tuning_info},
-                                 samples_ns=run.samples_ns, wall_ms=wall, agent_ms=wall)
-            elif ort_ok:
-                job = Job(backend="ort", artifact=onnx_path, params={}, input_names=[s.name for s in w.inputs],
-                          input_sets=[[x.copy() for x in inputs]],
-                          output_specs=[s.as_json() for s in w.outputs], budget_ms=cfg.budget_ms,
-                          warmup_ms=min(50.0, max(5.0, cfg.budget_ms / 5)), max_iters=20_000,
-                          timeout_s=cfg.timeout_s)
+    weights = final_weights(w)
+    workdir = Path(tempfile.mkdtemp(prefix="edgetune-kbase-"))
+    try:
+        forms, skipped = baseline_forms(w, weights, workdir, bdev)
+        k_groups: list[np.ndarray] = []
+        k_ok, k_reason = True, ""
+        groups: dict[str, list[np.ndarray]] = {f.key: [] for f in forms}
+        failed: dict[str, str] = {}
+        participants = ["kernel"] + [f.key for f in forms]
+        by_key = {f.key: f for f in forms}
+        for rnd in range(1, cfg.rounds + 1):
+            # fresh activations every round; the weights are the same values in every round and form
+            inputs = final_inputs(w, rnd, weights)
+            reference = w.reference(inputs)
+            shift = (rnd - 1) % len(participants)
+            for who in participants[shift:] + participants[:shift]:
+                if who == "kernel":
+                    t0 = time.perf_counter()
+                    run = measure(str(out.artifact_path), [x.copy() for x in inputs], list(w.outputs))
+                    wall = (time.perf_counter() - t0) * 1e3
+                    ok, reason, mabs, mrel = _verify_run(run, w, inputs, reference)
+                    k_ok = k_ok and ok
+                    k_reason = k_reason or reason
+                    if ok:
+                        k_groups.append(np.asarray(run.samples_ns, np.int64))
+                    store.add_record(**common, candidate=kcand.as_dict(), versions=versions, round=rnd,
+                                     status="verified" if ok else "failed", reason=reason,
+                                     verdict={"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel,
+                                              "load_ms": run.load_ms, "weights_sha256": _weights_sha(weights),
+                                              **tuning_info},
+                                     samples_ns=run.samples_ns, wall_ms=wall, agent_ms=wall)
+                    continue
+                if who in failed:
+                    continue  # a form that failed once is out: recorded as failed, never the baseline
+                form = by_key[who]
+                form_inputs = form.view.to_form(inputs)
+                form_ref = form.view.outputs_to_form(reference)
                 try:
-                    jr = measure.run_job(job)
+                    jr, run = _run_form(form, form_inputs, measure, bdev, cfg)
                 except DeviceError as exc:
-                    return res if measure.device_error is not None else _raise(exc)
-                run = job_to_kernel_run(jr, inputs, w.outputs)
-                ok, reason, mabs, mrel = _verify_run(run, w, inputs, reference)
+                    if measure.device_error is not None:
+                        return res  # the caller raises: the device is gone
+                    raise exc
+                ok, reason, mabs, mrel = _verify_run(run, form.view, form_inputs, form_ref)
                 if ok:
-                    b_groups.append(np.asarray(run.samples_ns, np.int64))
+                    groups[who].append(np.asarray(run.samples_ns, np.int64))
                 else:
-                    b_ok, base_reason = False, base_reason or reason
-                store.add_record(**common, candidate=bcand.as_dict(), versions={**versions, "job_runtime": jr.runtime_versions},
+                    failed[who] = reason or "failed"
+                store.add_record(**common, candidate=form.candidate.as_dict(),
+                                 versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
                                  round=rnd, status="verified" if ok else "failed", reason=reason,
                                  verdict={"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel,
-                                          "load_ms": jr.load_ms},
-                                 samples_ns=jr.samples_ns, wall_ms=jr.wall_ms, agent_ms=jr.agent_ms)
-    if onnx_path is not None:
-        import shutil
-
-        shutil.rmtree(onnx_path.parent, ignore_errors=True)
+                                          "load_ms": jr.load_ms if jr else None, "form": form.key,
+                                          "label": form.label, "weights_sha256": _weights_sha(weights)},
+                                 samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
+                                 agent_ms=jr.agent_ms if jr else 0.0)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     if not k_ok or not k_groups:
         res.reason = f"selected kernel failed the final check: {k_reason}"
         return res
     st = summarize(np.concatenate(k_groups), resamples=200)
     res.verified, res.reason = True, ""
-    res.median_ns, res.p10_ns, res.p90_ns = st.median_ns, st.p10_ns, st.p90_ns
-    res.gflops = flops / st.median_ns
+    # the round is the unit: the median of per-round medians (a round with more, faster iterations
+    # must not outweigh the others), the same statistic as every baseline form's
+    res.median_ns, res.p10_ns, res.p90_ns = round_median(k_groups), st.p10_ns, st.p90_ns
+    res.gflops = flops / res.median_ns
     res.peak_pct = 100.0 * res.gflops / peak if peak else None
-    if b_ok and b_groups and len(b_groups) == len(k_groups):
-        bst = summarize(np.concatenate(b_groups), resamples=200)
-        ratio = grouped_speedup(list(zip(b_groups, k_groups)), resamples=500)
-        res.baseline = {"backend": "onnxruntime (default session, one-node model)", "median_ns": bst.median_ns,
-                        "gflops": flops / bst.median_ns, "speedup": ratio.value, "ci95": [ratio.ci_low, ratio.ci_high],
-                        "verdict": ratio.verdict, "rounds": len(b_groups), "reason": ""}
-    else:
-        res.baseline = {"backend": "onnxruntime", "median_ns": None, "gflops": None, "speedup": None, "ci95": None,
-                        "verdict": None, "rounds": 0, "reason": base_reason or "baseline failed"}
+    res.baseline = strongest_baseline(forms, skipped, groups, failed, k_groups, flops, round_ratio)
     return res
 
 
-def _raise(exc):
-    raise exc
+def _weights_sha(weights: Mapping[int, np.ndarray]) -> dict[str, str]:
+    return {str(k): hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()[:16] for k, v in weights.items()}
+
+
+def round_median(groups: Sequence[np.ndarray]) -> float:
+    """Median over rounds of each round's median (rounds are the independent units)."""
+    return float(np.median([np.median(g) for g in groups]))
+
+
+def strongest_baseline(forms: Sequence[BaselineForm], skipped: Sequence[dict[str, Any]],
+                       groups: Mapping[str, Sequence[np.ndarray]], failed: Mapping[str, str],
+                       k_groups: Sequence[np.ndarray], flops: int, round_ratio) -> dict[str, Any]:
+    """The verdict's baseline: among the forms verified in every round, the one with the lowest
+    median (over the rounds, of per-round medians: ``round_median``); speedup and verdict by
+    ``round_ratio`` on per-round (form, kernel) pairs. Every form is listed (verified with its
+    figures, failed or unavailable with its reason)."""
+    rows: list[dict[str, Any]] = []
+    candidates = []
+    for f in forms:
+        row: dict[str, Any] = {"form": f.key, "label": f.label, "candidate": f.candidate.as_dict(),
+                               "status": "verified", "reason": "", "median_ns": None, "gflops": None, "rounds": 0,
+                               "speedup": None, "ci95": None, "verdict": None, "strongest": False}
+        g = list(groups.get(f.key, []))
+        if f.key in failed:
+            row.update(status="failed", reason=failed[f.key], rounds=len(g))
+        elif len(g) != len(k_groups) or not g:
+            row.update(status="failed", reason="not verified in every round", rounds=len(g))
+        else:
+            med = round_median(g)
+            r = round_ratio(list(zip(g, k_groups)))
+            row.update(median_ns=med, gflops=flops / med if med > 0 else None, rounds=len(g),
+                       round_medians_ns=[float(np.median(x)) for x in g], speedup=r.value,
+                       ci95=[r.ci_low, r.ci_high], verdict=r.verdict, method=r.method)
+            candidates.append((med, f.key, row, r))
+        rows.append(row)
+    rows.extend(dict(s, median_ns=None, gflops=None, rounds=0, speedup=None, ci95=None, verdict=None,
+                     strongest=False) for s in skipped)
+    if not candidates:
+        reasons = "; ".join(f"{r['label']}: {r['reason']}" for r in rows) or "no baseline form"
+        return {"backend": None, "form": None, "median_ns": None, "gflops": None, "speedup": None, "ci95": None,
+                "verdict": None, "rounds": 0, "method": None, "reason": f"no baseline form verified ({reasons})",
+                "kernel_round_medians_ns": [float(np.median(x)) for x in k_groups], "forms": rows}
+    med, key, row, r = min(candidates, key=lambda c: c[0])
+    row["strongest"] = True
+    return {"backend": row["label"], "form": key, "median_ns": med, "gflops": row["gflops"], "speedup": r.value,
+            "ci95": [r.ci_low, r.ci_high], "verdict": r.verdict, "rounds": r.rounds, "method": r.method,
+            "reason": "", "kernel_round_medians_ns": [float(np.median(x)) for x in k_groups], "forms": rows}

@@ -63,6 +63,9 @@ def test_tune_kernel_on_qemu_aarch64_board(qemu_board, tmp_path):
     assert r.verified and r.gflops and r.emulated and r.peak_pct is None
     assert elf_machine(r.artifact) == "aarch64"  # cross-compiled: the host could not have run it
     assert r.baseline["speedup"] is None and "onnxruntime" in r.baseline["reason"]  # no ort on the board
+    forms = {f["form"]: f for f in r.baseline["forms"]}  # every form is listed with why it did not run
+    assert forms["ort-constant"]["status"] == forms["ort-runtime"]["status"] == "unavailable"
+    assert forms["numpy"]["status"] == "unavailable" and "Python" in forms["numpy"]["reason"]
     recs, run = _records(tmp_path, out.run_id)
     assert json.loads(run["fingerprint"])["emulated"] and json.loads(run["config"])["kind"] == "kernels"
     assert [x.status for x in recs] == ["verified"] and recs[0].samples_ns.size >= 3
@@ -83,8 +86,13 @@ def test_tune_kernel_on_adb_phone_with_native_agent(adb_farm, tmp_path):
     assert json.loads(run["versions"])["agent"].startswith("native")
     kernel = [x for x in recs if x.candidate["backend"] == "tvm-kernel"]
     assert sorted(x.round for x in kernel) == [1, 2] and all(x.status == "verified" for x in kernel)
-    if r.baseline["speedup"] is not None:  # the phone got the host's libonnxruntime: interleaved baseline
-        assert [x.round for x in recs if x.candidate["backend"] == "ort"] == [1, 2]
+    if r.baseline["speedup"] is not None:  # the phone got the host's libonnxruntime: both onnxruntime forms
+        for weights in ("constant", "runtime"):  # (constant and runtime weights), each once per round
+            assert sorted(x.round for x in recs if x.candidate["backend"] == "ort"
+                          and x.candidate["params"] == {"weights": weights}) == [1, 2]
+        assert r.baseline["form"] in ("ort-constant", "ort-runtime")
+    forms = {f["form"]: f for f in r.baseline["forms"]}
+    assert forms["numpy"]["status"] == "unavailable"  # no Python on the phone: numpy/LiteRT not run
     assert os.path.exists(phone.host_path("/data/local/tmp/edgetune-kernels/agent/edgetune-agent"))
     # a second run on the same phone reuses the tuning records
     again, _ = _run(inv, "phone", tmp_path, trials=4, rounds=1, baseline=False)

@@ -180,6 +180,7 @@ def test_tune_kernels_of_a_model(tmp_path):
     assert p.returncode == 0, p.stderr
     (w,) = json.loads(p.stdout)["workloads"]
     assert w["name"].startswith("fused_matmul") and w["verified"] is True and w["trials_measured"] == 2
+    assert w["reference"].startswith("numpy float64 interpretation")  # independent of TVM, and says so
     assert w["flops"] >= 2 * 4 * 16 * 8
     bad = cli([str(model), "--dim", "nope=3", "--trials", "2", "--db", str(db)], home, tmp_path, timeout=120)
     assert "not a dynamic dimension" in one_line_error(bad, 2)

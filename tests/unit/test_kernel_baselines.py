@@ -1,0 +1,469 @@
+"""The strongest baseline of a tuned kernel (DESIGN.md §4.5) and independent references of fused tasks.
+
+No device, no farm: the final rounds of ``kernels.session`` run against in-process fakes of the
+agents (onnxruntime, the numpy adapter and LiteRT executed here, on exactly the artifacts and
+inputs the session would send), so the tests check what is BUILT and DECIDED — the constant-weight
+forms hold the kernel's weights, the verdict's baseline is the fastest verified form, a failing form
+is recorded and never used — never that anything is faster (timings here are synthetic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import require_module
+
+from edgetune.kernels import session as S  # noqa: E402
+from edgetune.kernels.search import KernelRun  # noqa: E402
+from edgetune.kernels.workloads import parse_workload  # noqa: E402
+from edgetune.measure import round_ratio  # noqa: E402
+
+DW = "depthwise_conv2d_nchw:N=1,C=8,H=12,W=12,R=3,S=3,stride=2,pad=1"
+GEMM = "gemm:M=16,N=24,K=8"
+
+
+def _sha(a) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process fakes of the agents
+# ---------------------------------------------------------------------------------------------
+
+# synthetic per-iteration times (ns) by participant: what the verdict must pick from
+SPEEDS = {"kernel": 60, "ort-constant": 100, "ort-runtime": 50, "numpy": 30, "tflite": 80}
+
+
+def _samples(who: str, rnd: int) -> list[int]:
+    base = SPEEDS[who] * (1.0 + 0.05 * rnd)  # drift between rounds hits everyone alike
+    return [int(base * (1 + 0.001 * i)) for i in range(21)]
+
+
+def _key_of(job) -> str:
+    if job.backend == "ort":
+        return "ort-constant" if "ort-constant" in job.artifact.name else "ort-runtime"
+    return "numpy" if job.backend == "adapter" else "tflite"
+
+
+def _execute(job) -> list[np.ndarray]:
+    """Run the artifact the session built, on the inputs it sent, the way the agent's backend would."""
+    xs = job.input_sets[0]
+    if job.backend == "ort":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(job.artifact), providers=["CPUExecutionProvider"])
+        return sess.run(None, dict(zip(job.input_names, xs)))
+    if job.backend == "adapter":
+        spec = importlib.util.spec_from_file_location("edgetune_test_adapter", job.artifact)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return [np.array(o) for o in mod.load(str(job.artifact), job.params)(xs)]
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_path=str(job.artifact), num_threads=int(job.params.get("num_threads", 1)))
+    it.allocate_tensors()
+    for d, a in zip(it.get_input_details(), xs):
+        it.set_tensor(d["index"], a)
+    it.invoke()
+    return [np.array(it.get_tensor(d["index"])) for d in it.get_output_details()]
+
+
+class FakeAgents:
+    """``measure`` (the kernel agent: kernel runs and native onnxruntime jobs) and the Python agent."""
+
+    def __init__(self, w, wrong: set[str] = frozenset(), crash: set[str] = frozenset()):
+        self.w, self.wrong, self.crash = w, set(wrong), set(crash)
+        self.num_threads = 1
+        self.device_error = None
+        self.kernel_inputs: list[list[np.ndarray]] = []
+        self.jobs: list = []
+        self.sent_artifacts: list[tuple[str, bytes]] = []  # what each job carried (removed after the rounds)
+        self.order: list[str] = []
+
+    # the kernel (DeviceMeasure.__call__)
+    def __call__(self, artifact, inputs, output_specs):
+        self.kernel_inputs.append([x.copy() for x in inputs])
+        self.order.append("kernel")
+        rnd = len(self.kernel_inputs)
+        outs = [np.asarray(r, np.float32) for r in self.w.reference(inputs)]
+        return KernelRun("ok", reason="", samples_ns=_samples("kernel", rnd), outputs=outs,
+                         repeat_outputs=[o.copy() for o in outs], load_ms=1.0)
+
+    def _job(self, job):
+        from edgetune.agent.host import JobResult
+
+        who = _key_of(job)
+        self.jobs.append(job)
+        self.sent_artifacts.append((who, job.artifact.read_bytes()))
+        self.order.append(who)
+        if who in self.crash:
+            return JobResult("crashed", "crashed: agent killed by SIGSEGV")
+        outs = [np.asarray(o, np.float32) for o in _execute(job)]
+        if who in self.wrong:  # a buggy baseline: off by 1% everywhere
+            outs = [o * np.float32(1.01) for o in outs]
+        h = [_sha(a) for a in job.input_sets[0]]
+        return JobResult("ok", samples_ns=_samples(who, len(self.kernel_inputs)), outputs=[outs],
+                         repeat_outputs=[o.copy() for o in outs], input_sha256_before=h, load_ms=1.0)
+
+    def run_job(self, job):  # native agent: onnxruntime
+        assert job.backend == "ort"
+        return self._job(job)
+
+
+class FakePython:
+    def __init__(self, agents: FakeAgents):
+        self.agents = agents
+
+    def run_job(self, job):
+        assert job.backend in ("adapter", "tflite")
+        return self.agents._job(job)
+
+
+class FakeStore:
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def add_record(self, **kw):
+        self.records.append(kw)
+        return len(self.records)
+
+
+def _simple_verify(run, workload, inputs, reference, rtol=1e-4):
+    """A plain check (the real verifier is tested elsewhere): ok, shape and values within tolerance."""
+    if run.status != "ok":
+        return False, f"{run.status}: {run.reason}", None, None
+    for out, ref in zip(run.outputs, reference):
+        ref = np.asarray(ref, np.float64)
+        err = float(np.abs(np.asarray(out, np.float64) - ref).max())
+        if out.shape != ref.shape or err > rtol * float(np.abs(ref).max()):
+            return False, f"wrong output: max error {err:.3g}", err, None
+    return True, "", 0.0, 0.0
+
+
+def _to_kernel_run(res, inputs, output_specs):
+    if res.status != "ok":
+        return KernelRun(res.status if res.status in ("error", "crashed", "timeout") else "error", reason=res.reason)
+    assert res.input_sha256_before == [_sha(x) for x in inputs]  # the form was sent exactly these inputs
+    return KernelRun("ok", reason="", samples_ns=list(res.samples_ns), outputs=list(res.outputs[0]),
+                     repeat_outputs=list(res.repeat_outputs), load_ms=res.load_ms)
+
+
+def _finish(tmp_path, monkeypatch, spec, rounds=3, wrong=(), crash=(), python=True, tflite=True):
+    from edgetune.kernels import device_measure
+    from edgetune.kernels.search import TuneOutcome
+
+    monkeypatch.setattr(S, "_verify_run", _simple_verify)
+    monkeypatch.setattr(device_measure, "job_to_kernel_run", _to_kernel_run)
+    w = parse_workload(spec)
+    agents = FakeAgents(w, set(wrong), set(crash))
+    art = tmp_path / "kernel.so"
+    art.write_bytes(b"not a real kernel: the fake agent computes the reference")
+    out = TuneOutcome(workload_key=w.key(), target_key="llvm-test", best_gflops=1.0, best_latency_ns=1.0,
+                      artifact_path=art, records=[], verified=True)
+
+    class Info:
+        runtimes = {"tflite": "test"} if tflite else {}
+
+    dev = S.BaselineDevice(native_ort=True, python=FakePython(agents) if python else None,
+                           python_info=Info() if python else None,
+                           python_reason="" if python else "no Python with numpy on the device", num_threads=1)
+    cfg = S.KernelSessionConfig(rounds=rounds, budget_ms=5.0)
+    store = FakeStore()
+    res = S._finish_workload(store, "krun", w, w.spec(), out, agents, dev, cfg, "fp", {"edgetune": "test"},
+                             {"kind": "llvm"}, None, None)
+    return w, res, agents, store
+
+
+# ---------------------------------------------------------------------------------------------
+# The constant-weight form is built from the weights the kernel receives
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [DW, GEMM])
+def test_constant_weight_form_holds_exactly_the_kernels_weights(tmp_path, monkeypatch, spec):
+    require_module("onnxruntime")
+    import onnx
+    from onnx import numpy_helper
+
+    w, res, agents, store = _finish(tmp_path, monkeypatch, spec, rounds=3, python=False)
+    assert res.verified, res.reason
+    (wi,) = S.weight_inputs(w)
+    # the kernel got the same weight values in every round, and new activations each round
+    kernel_weights = [x[wi] for x in agents.kernel_inputs]
+    assert len(kernel_weights) == 3 and all(np.array_equal(kernel_weights[0], k) for k in kernel_weights)
+    acts = [x[0] for x in agents.kernel_inputs]
+    assert not np.array_equal(acts[0], acts[1]) and not np.array_equal(acts[1], acts[2])
+    const_jobs = [j for j in agents.jobs if _key_of(j) == "ort-constant"]
+    runtime_jobs = [j for j in agents.jobs if _key_of(j) == "ort-runtime"]
+    assert len(const_jobs) == 3 and len(runtime_jobs) == 3
+    # the model the constant form actually ran, in every round: its initializer IS the kernel's weight
+    sent = [onnx.load_model_from_string(b) for who, b in agents.sent_artifacts if who == "ort-constant"]
+    assert len(sent) == 3
+    for model in sent:
+        (init,) = model.graph.initializer
+        assert init.name == w.inputs[wi].name
+        assert np.array_equal(numpy_helper.to_array(init), kernel_weights[0])
+        assert [i.name for i in model.graph.input] == [w.inputs[0].name]  # only the activation is an input
+    for model in (onnx.load_model_from_string(b) for who, b in agents.sent_artifacts if who == "ort-runtime"):
+        assert not model.graph.initializer and len(model.graph.input) == 2
+    for k, job in enumerate(const_jobs):  # the constant form is sent the activation only, the same one
+        assert job.input_names == [w.inputs[0].name] and len(job.input_sets[0]) == 1
+        assert np.array_equal(job.input_sets[0][0], acts[k])
+    for k, job in enumerate(runtime_jobs):  # the runtime form gets both, the weights being the kernel's
+        assert np.array_equal(job.input_sets[0][1], kernel_weights[0])
+    # the records say which weights: one sha for every participant of every round
+    shas = {json_sha for r in store.records for json_sha in [str(r["verdict"].get("weights_sha256"))]}
+    assert len(shas) == 1
+
+
+def test_form_view_refuses_other_weights():
+    w = parse_workload(GEMM)
+    weights = S.final_weights(w)
+    view = S.FormView(w, weights, tag="ort-constant")
+    xs = S.final_inputs(w, 1, weights)
+    assert [x.shape for x in view.to_form(xs)] == [(16, 8)]
+    other = [xs[0], xs[1] + 1.0]
+    with pytest.raises(ValueError, match="differs from the weights"):
+        view.to_form(other)
+    # its reference is the operator's, with its constant weights put back
+    (ref,) = view.reference(view.to_form(xs))
+    assert np.allclose(ref, w.reference(xs)[0])
+
+
+def test_batch_matmul_has_no_constant_form_and_a_correct_transposed_one(tmp_path):
+    require_module("onnxruntime")
+    import onnxruntime as ort
+
+    w = parse_workload("batch_matmul:B=2,M=4,N=6,K=3,TB=1")
+    assert S.weight_inputs(w) == () and S.final_weights(w) == {}
+    dev = S.BaselineDevice(native_ort=True, num_threads=1, python_reason="none here")
+    forms, skipped = S.baseline_forms(w, {}, tmp_path, dev)
+    assert [f.key for f in forms] == ["ort-runtime"]
+    assert {s["form"]: s["reason"] for s in skipped}["ort-constant"].startswith("batch_matmul has no weight operand")
+    xs = w.random_inputs(5)
+    sess = ort.InferenceSession(str(forms[0].artifact), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {"A": xs[0], "B": xs[1]})
+    assert np.allclose(y, w.reference(xs)[0], rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict is against the fastest verified form; failed forms are recorded, never used
+# ---------------------------------------------------------------------------------------------
+
+
+def test_verdict_baseline_is_the_fastest_verified_form_and_a_wrong_form_is_not_used(tmp_path, monkeypatch):
+    require_module("onnxruntime")
+    tfl = importlib.util.find_spec("ai_edge_litert") is not None
+    # numpy is the fastest of all (30 ns) but wrong: it must be recorded as failed and not be the baseline
+    w, res, agents, store = _finish(tmp_path, monkeypatch, DW, rounds=3, wrong={"numpy"}, tflite=tfl)
+    assert res.verified, res.reason
+    b = res.baseline
+    forms = {f["form"]: f for f in b["forms"]}
+    assert forms["numpy"]["status"] == "failed" and "wrong output" in forms["numpy"]["reason"]
+    assert forms["numpy"]["strongest"] is False and forms["numpy"]["gflops"] is None
+    verified = {k: f for k, f in forms.items() if f["status"] == "verified"}
+    assert {"ort-constant", "ort-runtime"} <= set(verified) and ("tflite" in verified) == tfl
+    fastest = min(verified.values(), key=lambda f: f["median_ns"])
+    assert b["form"] == fastest["form"] == "ort-runtime" and fastest["strongest"] is True
+    assert sum(f["strongest"] for f in b["forms"]) == 1
+    # the verdict: round_ratio over the same rounds, kernel vs that form
+    def recorded(form):
+        return {r["round"]: np.asarray(r["samples_ns"]) for r in store.records
+                if r["verdict"].get("form", "kernel") == form}
+
+    base, kern = recorded("ort-runtime"), recorded("kernel")
+    ratio = round_ratio([(base[r], kern[r]) for r in (1, 2, 3)])  # pairs of the SAME round
+    assert b["speedup"] == pytest.approx(ratio.value) and b["ci95"] == pytest.approx([ratio.ci_low, ratio.ci_high])
+    assert b["verdict"] == ratio.verdict and b["rounds"] == 3 and b["method"] == ratio.method
+    assert b["median_ns"] == pytest.approx(S.round_median([base[r] for r in (1, 2, 3)]))
+    assert res.median_ns == pytest.approx(S.round_median([kern[r] for r in (1, 2, 3)]))
+    # every form's figures are listed; its own ratio too
+    for f in verified.values():
+        assert f["gflops"] == pytest.approx(w.flops() / f["median_ns"]) and f["rounds"] == 3
+    # records: numpy failed once and was not run again; every verified form once per round
+    by_form: dict[str, list] = {}
+    for r in store.records:
+        by_form.setdefault(r["verdict"].get("form", "kernel"), []).append((r["round"], r["status"]))
+    assert by_form["numpy"] == [(1, "failed")]
+    for key in verified:
+        assert by_form[key] == [(1, "verified"), (2, "verified"), (3, "verified")]
+    assert [x for x in by_form["kernel"]] == [(1, "verified"), (2, "verified"), (3, "verified")]
+    numpy_rec = [r for r in store.records if r["verdict"].get("form") == "numpy"][0]
+    assert numpy_rec["candidate"]["backend"] == "numpy" and numpy_rec["candidate"]["baseline"] is True
+    const_rec = [r for r in store.records if r["verdict"].get("form") == "ort-constant"][0]
+    assert const_rec["candidate"]["params"] == {"weights": "constant"} and const_rec["candidate"]["backend"] == "ort"
+
+
+def test_crashing_form_is_failed_and_rounds_rotate_the_order(tmp_path, monkeypatch):
+    require_module("onnxruntime")
+    w, res, agents, store = _finish(tmp_path, monkeypatch, GEMM, rounds=4, crash={"ort-runtime"}, python=False)
+    b = res.baseline
+    forms = {f["form"]: f for f in b["forms"]}
+    assert forms["ort-runtime"]["status"] == "failed" and "crashed" in forms["ort-runtime"]["reason"]
+    assert b["form"] == "ort-constant"  # the only verified form
+    assert forms["numpy"]["status"] == "unavailable" and "Python" in forms["numpy"]["reason"]
+    # rotation K C R | C R K | R K C | K C R, with R (crashed in round 1) not run again
+    K, C, R = "kernel", "ort-constant", "ort-runtime"
+    assert agents.order == [K, C, R, C, K, K, C, K, C]
+    rec = [(r["round"], r["verdict"].get("form", "kernel"), r["status"]) for r in store.records]
+    assert (1, R, "failed") in rec and not [x for x in rec if x[1] == R and x[0] > 1]
+
+
+def test_no_verdict_below_three_rounds(tmp_path, monkeypatch):
+    require_module("onnxruntime")
+    w, res, agents, store = _finish(tmp_path, monkeypatch, GEMM, rounds=2, python=False)
+    assert res.baseline["speedup"] is not None and res.baseline["verdict"] == "insufficient rounds"
+
+
+def test_strongest_baseline_pure():
+    w = parse_workload(GEMM)
+
+    def form(key):
+        return S.BaselineForm(key, key, S.Candidate.make("x", {"f": key}, baseline=True), "native", "ort",
+                              Path("/nonexistent"), S.FormView(w, {}, tag=key))
+
+    k = [np.array([100, 101, 102]), np.array([110, 111, 112]), np.array([105, 106, 107])]
+    groups = {"a": [np.array([90, 91]), np.array([95, 96]), np.array([93, 94])],
+              "b": [np.array([80]), np.array([85]), np.array([500])],  # one slow round: the median of rounds holds
+              "c": [np.array([10]), np.array([10]), np.array([10])]}  # fastest, but failed
+    out = S.strongest_baseline([form("a"), form("b"), form("c")], [{"form": "d", "label": "d", "status": "unavailable",
+                                                                     "reason": "not here"}],
+                               groups, {"c": "wrong output"}, k, w.flops(), round_ratio)
+    rows = {r["form"]: r for r in out["forms"]}
+    assert out["form"] == "b" and rows["b"]["strongest"] and rows["b"]["median_ns"] == 85.0
+    assert rows["c"]["status"] == "failed" and rows["d"]["status"] == "unavailable"
+    assert out["rounds"] == 3 and out["verdict"] in ("faster", "slower", "no significant difference")
+    none = S.strongest_baseline([form("c")], [], groups, {"c": "wrong output"}, k, w.flops(), round_ratio)
+    assert none["speedup"] is None and "wrong output" in none["reason"]
+
+
+def test_tflite_and_numpy_forms_compute_the_operator(tmp_path):
+    """Every form of every operator kind, run here as its agent would, matches the float64 reference."""
+    require_module("onnxruntime")
+    tfl = importlib.util.find_spec("ai_edge_litert") is not None
+
+    class Info:
+        runtimes = {"tflite": "x"} if tfl else {}
+
+    dev = S.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
+    specs = [GEMM, DW, "batch_matmul:B=2,M=4,N=6,K=3", "conv2d_nchw:N=1,C=4,H=9,W=9,K=6,R=3,S=3,stride=2,pad=1",
+             "conv2d_nchw:N=2,C=4,H=6,W=6,K=5,R=1,S=1", "conv2d_nhwc:N=1,C=4,H=7,W=7,K=6,R=3,S=3,stride=1,pad=1",
+             "depthwise_conv2d_nchw:N=1,C=4,H=8,W=8,R=3,S=3,stride=1,pad=1"]
+    for spec in specs:
+        w = parse_workload(spec)
+        weights = S.final_weights(w)
+        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        keys = {f.key for f in forms}
+        assert {"ort-runtime", "numpy"} <= keys and (("tflite" in keys) == tfl), (spec, skipped)
+        xs = S.final_inputs(w, 1, weights)
+        ref = w.reference(xs)
+        for f in forms:
+            fin = f.view.to_form(xs)
+
+            class J:
+                backend, artifact, params, input_names, input_sets = (f.backend, f.artifact, f.params,
+                                                                      [s.name for s in f.view.inputs], [fin])
+            outs = _execute(J)
+            want = f.view.outputs_to_form(ref)
+            assert [o.shape for o in outs] == [tuple(s.shape) for s in f.view.outputs], (spec, f.key)
+            for o, r in zip(outs, want):
+                assert np.abs(o - r).max() <= 1e-4 * np.abs(r).max(), (spec, f.key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused tasks: an independent float64 reference (numpy interpretation of the unscheduled TIR)
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiny_tasks(tmp_path):
+    require_module("tvm")
+    from edgetune.kernels.targets import host_target
+    from edgetune.kernels.workloads import extract_onnx_tasks
+    from tests.fixtures.tiny import build_tiny
+
+    model = build_tiny(tmp_path / "tiny.onnx")
+    return extract_onnx_tasks(model, {"x": (4, 16)}, host_target().tvm_target)
+
+
+def test_fused_task_reference_is_numpy_float64_not_tvm(tmp_path, monkeypatch):
+    import tvm
+
+    from edgetune.kernels import workloads as W
+
+    tasks = _tiny_tasks(tmp_path)
+    assert tasks
+    for t in tasks:
+        xs = t.random_inputs(3)
+        expected = t.tvm_reference(xs)  # TVM's unscheduled build, fp32 (for comparison only)
+
+        def no_tvm(*a, **k):
+            raise AssertionError("the independent reference must not compile with TVM")
+
+        monkeypatch.setattr(tvm, "compile", no_tvm)
+        monkeypatch.setattr(W, "_host_reference_module", no_tvm)
+        got = t.reference(xs)
+        monkeypatch.undo()
+        assert t.reference_kind == W.TIR_REFERENCE_KIND and "not independent" not in t.reference_kind
+        for g, e in zip(got, expected):
+            assert g.dtype == np.float64 and g.shape == e.shape
+            assert np.abs(g - e).max() <= 1e-5 * max(np.abs(g).max(), 1e-30)
+        # and it is the operator the model says: relu(x @ W + b) in float64
+        if t.name.startswith("fused_matmul"):
+            x, wt, b = (np.asarray(v, np.float64) for v in xs[:3])
+            assert np.allclose(got[0], np.maximum(x @ wt + b, 0.0), rtol=1e-12, atol=1e-12)
+
+
+def test_uninterpretable_task_falls_back_and_says_so():
+    require_module("tvm")
+    import tvm
+    from tvm.script import tirx as T
+
+    from edgetune.kernels import workloads as W
+
+    @T.prim_func(s_tir=True)
+    def shifted(a: T.Buffer((8,), "float32"), b: T.Buffer((8,), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i in range(8):
+            with T.sblock("b"):
+                vi = T.axis.spatial(8, i)
+                T.where(i < 8)  # a block predicate: not covered by the interpreter
+                b[vi] = a[vi] * T.float32(2.0)
+
+    mod = tvm.IRModule({"main": shifted})
+    ins, outs = W.prim_func_io(W._single_func(mod))
+    t = W.TirWorkload("shifted", mod, ins, outs)
+    with pytest.raises(W.TirNotInterpretable):
+        W.tir_reference(t.prim_func(), t.random_inputs(0), t.inputs, t.outputs)
+    x = t.random_inputs(1)
+    (y,) = t.reference(x)
+    assert np.allclose(y, 2.0 * x[0])
+    assert t.reference_kind.startswith("tvm-unscheduled (not independent)")
+
+
+def test_transformer_tasks_all_interpreted_and_agree_with_tvm(tmp_path):
+    """layer norm, softmax (max reduction, exp), GELU (erf), reshapes/transposes, batched matmuls:
+    every task of the bundled transformer gets the independent reference, within fp32 error of TVM's."""
+    require_module("tvm")
+    import onnx
+
+    import models.transformer as tr
+    from edgetune.kernels import workloads as W
+    from edgetune.kernels.targets import host_target
+
+    path = tmp_path / "tr.onnx"
+    onnx.save(tr.onnx_model(), str(path))
+    m = onnx.load(str(path))
+    shapes = {i.name: [d.dim_value or 1 for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
+    tasks = W.extract_onnx_tasks(path, shapes, host_target().tvm_target)
+    names = {t.name for t in tasks}
+    assert {"softmax", "layer_norm"} <= names and any("erf" in n for n in names)
+    for t in tasks:
+        xs = t.random_inputs(4)
+        got = W.tir_reference(t.prim_func(), xs, t.inputs, t.outputs)
+        for g, e in zip(got, t.tvm_reference(xs)):
+            assert np.abs(g - e).max() <= 1e-4 * max(np.abs(g).max(), 1e-30), t.name

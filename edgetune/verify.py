@@ -346,15 +346,15 @@ def _check_timed(res: JobResult, input_sets, references, reference_fn, names, er
 
 def _check_probe(res: JobResult) -> None:
     """TEST04, judged pair by pair: the agent runs the repeated input and a new one back to back, so
-    each pair shares the machine's state at that moment. A caching candidate answers (almost) every
-    repeat from its cache: the repeat is clearly faster in all pairs but at most one. An honest one on
-    a noisy machine is clearly faster in a pair only by chance (all but one of 12 pairs by chance:
-    p < 3e-4 even if a single pair does so 40% of the time)."""
+    each pair shares the machine's state at that moment. A caching candidate answers every repeat
+    from its cache: the repeat is clearly faster (over CACHE_RATIO) in all pairs but the few a
+    noisy machine spoils (a fifth). An honest candidate is clearly faster in a pair only by chance:
+    even if that happened in a quarter of all pairs, 13 of 16 (or 7 of 8) would have p < 4e-4."""
     pairs = list(zip(res.probe_repeat_ns, res.probe_distinct_ns))
-    if len(pairs) < 5:
+    if len(pairs) < 8:
         return
     faster = sum(1 for r, d in pairs if r * CACHE_RATIO < d)
-    if faster >= len(pairs) - 1:
+    if faster >= len(pairs) - len(pairs) // 5:
         r = float(np.median(res.probe_repeat_ns))
         d = float(np.median(res.probe_distinct_ns))
         raise _Fail("caching", f"caching: a repeated input ran {d / max(r, 1.0):.1f}x faster than distinct inputs "

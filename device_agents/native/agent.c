@@ -626,7 +626,7 @@ static int run_job(run_state* r) {
     }
   if (be->bind(be, work, outs, err, sizeof err)) { fail(r, "bind failed: %s", err); goto done; }
 
-  double fresh_seed_d = 0, checks_d = 4, fastest_d = 2, probe_d = 12;
+  double fresh_seed_d = 0, checks_d = 4, fastest_d = 2, probe_d = 16;
   json_num(json_get(req, "fresh_seed"), &fresh_seed_d);
   json_num(json_get(req, "check_iters"), &checks_d);
   json_num(json_get(req, "check_fastest"), &fastest_d);
@@ -744,6 +744,11 @@ static int run_job(run_state* r) {
   r->probe_dist = (int64_t*)calloc((size_t)n_probe + 1, sizeof(int64_t));
   if (!r->probe_rep || !r->probe_dist) { fail(r, "out of memory%s", ""); goto done; }
   long long rep_t = t++;
+  { /* at least 8 pairs, and no more time than the timed loop's budget */
+    double fit = budget_ms * 1e6 / (2.0 * est);
+    if (fit < 8) fit = 8;
+    if (fit < n_probe) n_probe = (int)fit;
+  }
   if (n_probe) { /* the repeated input once untimed first: a cache would hold it from here on */
     fill_fresh(work, sets, r->n_sets, r->n_in, seed, rep_t);
     if (be->run(be, err, sizeof err)) { fail(r, "probe run failed: %s", err); goto done; }

@@ -512,7 +512,7 @@ def run_job(jobdir, req):
     seed = int(req.get("fresh_seed", 0)) & M64
     n_checks = max(1, int(req.get("check_iters", 4)))
     n_fastest = max(0, int(req.get("check_fastest", 2)))
-    probe_pairs = max(0, int(req.get("probe_pairs", 12)))
+    probe_pairs = max(0, int(req.get("probe_pairs", 16)))
 
     t0 = time.perf_counter_ns()
     try:
@@ -595,6 +595,8 @@ def run_job(jobdir, req):
         rep_ns, dist_ns = [], []
         rep_t = t
         t += 1
+        # at least 8 pairs, and no more time than the timed loop's budget
+        probe_pairs = min(probe_pairs, max(8, int(budget_ns // (2 * est)) if est > 0 else probe_pairs))
         if probe_pairs:  # the repeated input once untimed first: a cache would hold it from here on
             fill_fresh(work, input_sets, seed, rep_t)
             run(work)

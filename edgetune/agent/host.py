@@ -33,7 +33,7 @@ from edgetune.hashing import sha256_file
 PROTOCOL = 2
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
 CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
-PROBE_PAIRS = 12  # TEST04 probe: repeated-input vs distinct-input iterations
+PROBE_PAIRS = 16  # TEST04 probe: at most this many repeated-input / new-input pairs (at least 8)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_AGENT = REPO_ROOT / "device_agents" / "python" / "edgetune_agent.py"
 

@@ -23,7 +23,7 @@ from edgetune.results import RunSummary, summarize_run
 from edgetune.space import BuildFailed, load_space
 from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, _versions
 from edgetune.tune import tune as _tune
-from edgetune.workload import build_workload, load_model, parse_dims, shape_points
+from edgetune.workload import build_workload, load_model, load_user_inputs, parse_dims, shape_points
 
 BUNDLED = ("mobilenet", "transformer")
 
@@ -103,8 +103,6 @@ def verify_config(model: str, config_key: str, device: str = "local", *, dims: S
     The inputs come from a fresh random ``seed`` by default, never one a tune of this configuration
     used (the candidate must not be checked on data it was selected on); pass ``seed`` to replay a
     verification. The seed used is in the result (``seed``, ``seed_source``: fresh | given)."""
-    from edgetune.workload import load_user_inputs
-
     m = load_model(resolve_model(model))
     store = Store(db, create=False) if db else Store()
     try:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from edgetune.devices.inventory import edgetune_home
 from edgetune.errors import StoreError
 
 SCHEMA_VERSION = 1
@@ -83,8 +84,6 @@ class RecordRow:
 
 
 def default_db_path() -> Path:
-    from edgetune.devices.inventory import edgetune_home
-
     return Path(os.environ.get("EDGETUNE_DB") or edgetune_home() / "edgetune.db")
 
 

@@ -18,13 +18,13 @@ import shutil
 import subprocess
 from typing import Any
 
+import edgetune
+
 IDENTITY_VERSION = 1  # bump when the identity's own layout changes
 
 
 def edgetune_version() -> str:
-    from edgetune import __version__
-
-    return __version__
+    return edgetune.__version__  # read at call time (tests patch it)
 
 
 def tvm_version() -> str:

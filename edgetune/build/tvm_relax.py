@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from edgetune.build.tvm_kernel import as_tvm_target, export_module, is_gpu, resolve_cross_cc
+from edgetune.build.tvm_kernel import as_tvm_target, export_module, import_tensor_intrinsics, is_gpu, resolve_cross_cc
 from edgetune.errors import ToolchainError
+from edgetune.kernels.allocate import TrialAllocator
+from edgetune.kernels.search import database_dir, default_measure, open_database, tune_workload
+from edgetune.kernels.workloads import extract_onnx_tasks, load_onnx_relax, relax_prepare
 
 
 def _relax_pipeline(target, database=None, counter: dict | None = None):
@@ -117,17 +120,12 @@ def build_relax_model(
     import tvm
     from tvm import relax
 
-    from edgetune.kernels.search import open_database
-    from edgetune.kernels.workloads import load_onnx_relax, relax_prepare
-
     tgt = as_tvm_target(target)
     cc_name = resolve_cross_cc(tgt, cross_cc)
     mod = relax_prepare(load_onnx_relax(onnx_path, input_shapes))
     counter: dict = {"tuned_functions": 0}
     try:
         if tuning_db_dir is not None:
-            from edgetune.build.tvm_kernel import import_tensor_intrinsics
-
             import_tensor_intrinsics()
             db = open_database(tuning_db_dir)
             with tgt, db, tvm.transform.PassContext(opt_level=3):
@@ -179,10 +177,6 @@ def tune_relax_model(
     count and a rerun measures nothing new. ``progress_cb(task_name, trials_done, best_gflops)``
     (trials_done: that kernel's records so far, across calls).
     """
-    from edgetune.kernels.allocate import TrialAllocator
-    from edgetune.kernels.search import database_dir, default_measure, tune_workload
-    from edgetune.kernels.workloads import extract_onnx_tasks
-
     tgt = as_tvm_target(target)
     tasks = extract_onnx_tasks(onnx_path, input_shapes, tgt)
     # keyed by position: task names are unique in practice, but nothing here depends on it

@@ -26,6 +26,7 @@ def bench_cmd(
 
 
 def _bench(model, config, device, dims, rounds, budget, db, fmt, command=""):
+    # lazy: CLI start-up (these import numpy and the tuner; --help needs neither)
     from edgetune.api import bench
     from edgetune.cli.tables import run_tables
 

@@ -15,6 +15,8 @@ from rich.errors import MarkupError
 from rich.table import Table
 from rich.text import Text
 
+from edgetune.errors import EdgetuneError
+
 
 class OutputConsole(Console):
     """Output for people that fits where it goes.
@@ -130,8 +132,6 @@ def _word(value: Any) -> str:
 
 def run_guarded(fn, *args, **kwargs):
     """Run a command body: EdgetuneError -> one line + its exit code; Ctrl-C -> 130. No tracebacks."""
-    from edgetune.errors import EdgetuneError
-
     try:
         return fn(*args, **kwargs)
     except EdgetuneError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -12,12 +13,13 @@ from rich.table import Table
 
 from edgetune.cli.common import DbOpt, Format, FormatOpt, console, emit_json, run_guarded
 from edgetune.cli.examples import epilog
+from edgetune.errors import UserInputError
 
 app = typer.Typer(no_args_is_help=True, help="Inspect and export the results database.", epilog=epilog("db"))
 
 
 def _store(db):
-    from edgetune.db import Store
+    from edgetune.db import Store  # lazy: CLI start-up (imports numpy)
 
     return Store(db, create=False) if db else Store(create=False)
 
@@ -54,7 +56,7 @@ def best_cmd(model: Optional[str] = typer.Argument(None, help="only runs of this
              db: Optional[str] = DbOpt, fmt: Format = FormatOpt) -> None:
     """Best verified configuration per model, device fingerprint and shape (latest complete run)."""
     def body():
-        from edgetune.results import summarize_run
+        from edgetune.results import summarize_run  # lazy: CLI start-up (imports numpy)
 
         store = _store(db)
         try:
@@ -98,10 +100,6 @@ def export_cmd(out: Path = typer.Argument(..., help="JSON Lines file: one record
                db: Optional[str] = DbOpt) -> None:
     """Export every record (all raw samples) as JSON Lines."""
     def body():
-        import os
-
-        from edgetune.errors import UserInputError
-
         store = _store(db)
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         n = 0

@@ -11,6 +11,8 @@ from rich.table import Table
 
 from edgetune.cli.common import Format, FormatOpt, console, emit_json, run_guarded
 from edgetune.cli.examples import epilog
+from edgetune.devices.inventory import Inventory
+from edgetune.errors import EdgetuneError
 
 app = typer.Typer(no_args_is_help=True, help="The device inventory (local, ssh://, adb://).",
                   epilog=epilog("devices"))
@@ -19,8 +21,7 @@ InvOpt = typer.Option(None, "--inventory", help="devices.toml (default ~/.edgetu
 
 def _probe(spec) -> dict:
     """Connect, provision the agent, and report what the device says about itself."""
-    from edgetune.agent.host import AgentClient
-    from edgetune.errors import EdgetuneError
+    from edgetune.agent.host import AgentClient  # lazy: CLI start-up (imports numpy)
 
     row = {"name": spec.name, "url": spec.url, "health": "down"}
     client = None
@@ -63,8 +64,6 @@ def ls_cmd(inventory: Optional[str] = InvOpt, fmt: Format = FormatOpt,
            probe: bool = typer.Option(True, "--probe/--no-probe", help="connect to each device")) -> None:
     """List devices with health, arch, cores, OS, runtimes and fingerprint."""
     def body():
-        from edgetune.devices.inventory import Inventory
-
         specs = list(Inventory(inventory).load().values())
         if probe:
             with ThreadPoolExecutor(max_workers=max(1, min(8, len(specs)))) as ex:
@@ -93,8 +92,6 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
             inventory: Optional[str] = InvOpt) -> None:
     """Add a device to the inventory."""
     def body():
-        from edgetune.devices.inventory import Inventory
-
         spec = Inventory(inventory).add(name, url, key=key, known_hosts=known_hosts,
                                         trust_on_first_use=trust_on_first_use or None, workdir=workdir,
                                         python=python, native=native or None)
@@ -107,8 +104,7 @@ def rm_cmd(name: str, inventory: Optional[str] = InvOpt,
            cleanup: bool = typer.Option(False, "--cleanup", help="also delete edgetune's work dir on the device")) -> None:
     """Remove a device (optionally deleting what edgetune put on it)."""
     def body():
-        from edgetune.agent.host import AgentClient
-        from edgetune.devices.inventory import Inventory
+        from edgetune.agent.host import AgentClient  # lazy: CLI start-up (imports numpy)
 
         inv = Inventory(inventory)
         spec = inv.get(name)
@@ -128,8 +124,6 @@ def check_cmd(name: Optional[str] = typer.Argument(None), inventory: Optional[st
               fmt: Format = FormatOpt) -> None:
     """Connect, provision the agent and report health (exit 3 if any device is down)."""
     def body():
-        from edgetune.devices.inventory import Inventory
-
         inv = Inventory(inventory)
         specs = [inv.get(name)] if name else list(inv.load().values())
         rows = [_probe(s) for s in specs]

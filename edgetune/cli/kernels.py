@@ -37,7 +37,7 @@ def tune_kernels_cmd(
 def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms, timeout, threads, max_tasks, db, fmt):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from edgetune.kernels.session import KernelSessionConfig, tune_kernels
+    from edgetune.kernels.session import KernelSessionConfig, tune_kernels  # lazy: CLI start-up (imports numpy)
 
     command = "edgetune " + " ".join(sys.argv[1:]) if sys.argv and "edgetune" in sys.argv[0] else ""
     cfg = KernelSessionConfig(device=device, ops=list(ops), model=model, dims=list(dims), trials=trials, rounds=rounds,

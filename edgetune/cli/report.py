@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from edgetune.cli.common import DbOpt, run_guarded
+from edgetune.errors import UserInputError
 
 
 def report_cmd(
@@ -22,9 +23,10 @@ def report_cmd(
 
 
 def _report(runs, fmt, out, db):
+    # lazy: CLI start-up (these import numpy; --help does not need it)
     from edgetune.db import Store
-    from edgetune.errors import UserInputError
     from edgetune.report import markdown, report_dict, write_atomic
+    from edgetune.report.html import render
     from edgetune.results import summarize_run
 
     if fmt not in ("md", "json", "html"):
@@ -46,8 +48,6 @@ def _report(runs, fmt, out, db):
     if fmt == "json":
         text = json.dumps(rep, indent=2, default=str) + "\n"
     elif fmt == "html":
-        from edgetune.report.html import render
-
         text = render(rep)
     else:
         text = markdown(rep)

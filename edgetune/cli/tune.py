@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from edgetune.cli.common import (DbOpt, DimOpt, Format, FormatOpt, console, emit_json, err_console, reproducing_command,
                                  run_guarded)
+from edgetune.errors import UserInputError
 
 
 def tune_cmd(
@@ -41,13 +42,14 @@ def tune_cmd(
 
 def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
           fresh, report_dir, db, fmt, tvm_trials=0, command=""):
+    # lazy: CLI start-up (these import numpy and the tuner; --help needs neither)
     from edgetune.api import resolve_model
-    from edgetune.errors import UserInputError
+    from edgetune.cli.tables import run_tables
     from edgetune.report import markdown, report_dict, write_atomic
+    from edgetune.report.html import render
     from edgetune.space import SPACES
     from edgetune.space.adapter import adapter_candidate
     from edgetune.tune import TuneConfig, tune
-    from edgetune.cli.tables import run_tables
 
     spaces = tuple(s.strip() for s in space.split(",") if s.strip())
     if tvm_trials > 0 and "tvm-tuned" not in spaces:
@@ -104,8 +106,6 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     if report_dir is not None:
         write_atomic(report_dir / "report.json", __import__("json").dumps(rep, indent=2, default=str))
         write_atomic(report_dir / "report.md", markdown(rep))
-        from edgetune.report.html import render
-
         write_atomic(report_dir / "report.html", render(rep))
     if fmt == Format.json:
         emit_json(rep)

@@ -29,7 +29,7 @@ def verify_cmd(
 
 
 def _verify(model, config, device, dims, inputs, db, fmt, seed=None):
-    from edgetune.api import verify_config
+    from edgetune.api import verify_config  # lazy: CLI start-up (imports numpy and the tuner)
 
     res = verify_config(model, config, device, dims=dims, inputs=inputs, db=db, seed=seed)
     if fmt == Format.json:

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgetune.errors import DeviceError, UserInputError
+from edgetune.devices.adb import AdbTransport
+from edgetune.devices.local import LocalTransport
+from edgetune.errors import DeviceError, MissingExtra, UserInputError
 
 DEFAULT_WORKDIRS = {"local": None, "ssh": "/tmp/edgetune", "adb": "/data/local/tmp/edgetune"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -60,25 +62,15 @@ def open_transport(spec: DeviceSpec):
     info = parse_url(spec.url)
     opts = spec.options
     if info["kind"] == "local":
-        from edgetune.devices.local import LocalTransport
-
         return LocalTransport()
     if info["kind"] == "ssh":
         try:
-            from edgetune.devices.ssh import SshTransport
+            from edgetune.devices.ssh import SshTransport  # lazy: optional extra "remote" (imports paramiko)
         except ImportError as exc:
-            from edgetune.errors import MissingExtra
-
             raise MissingExtra("ssh devices", "remote") from exc
         return SshTransport(info["host"], port=info["port"], user=info["user"], key_filename=opts.get("key"),
                             known_hosts=opts.get("known_hosts"),
                             trust_on_first_use=bool(opts.get("trust_on_first_use", False)))
-    try:
-        from edgetune.devices.adb import AdbTransport
-    except ImportError as exc:
-        from edgetune.errors import MissingExtra
-
-        raise MissingExtra("adb devices", "remote") from exc
     return AdbTransport(info["serial"], adb_host=info["adb_host"], adb_port=info["adb_port"])
 
 

@@ -9,6 +9,9 @@ import os
 import re
 from pathlib import Path
 
+from edgetune.build.identity import build_identity, identity_key
+from edgetune.build.tvm_kernel import as_tvm_target, resolve_cross_cc
+
 
 def _slug(text: str, limit: int = 48) -> str:
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:limit] or "x"
@@ -17,8 +20,6 @@ def _slug(text: str, limit: int = 48) -> str:
 
 def target_key(target) -> str:
     """A stable short name for a TVM target: kind + hash of its full JSON."""
-    from edgetune.build.tvm_kernel import as_tvm_target
-
     tgt = as_tvm_target(target)
     text = json.dumps(tgt.export(), sort_keys=True, default=str)
     return f"{tgt.kind.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
@@ -30,9 +31,6 @@ def database_dir(db_dir: str | os.PathLike, fingerprint: str, target, *, cross_c
     devices, targets, TVM versions, edgetune versions, compilers (``cross_cc`` as resolved for the
     target: path + ``--version``) or kernel thread counts (``threads``; default: the target's
     ``num-cores``, else this host's CPU count, which is what the default measurer uses)."""
-    from edgetune.build.identity import build_identity, identity_key
-    from edgetune.build.tvm_kernel import as_tvm_target, resolve_cross_cc
-
     tgt = as_tvm_target(target)
     identity = build_identity(resolve_cross_cc(tgt, cross_cc), threads or _num_cores(tgt))
     return Path(db_dir) / _slug(fingerprint) / target_key(tgt) / identity_key(identity)

@@ -23,9 +23,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+import edgetune
 from edgetune.agent.host import JobResult
 from edgetune.kernels.workloads import KernelWorkload, TensorSpec
-from edgetune.verify import Verdict, verify_job
+from edgetune.verify import Verdict, array_sha256, verify_job
 
 RUN_STATUSES = ("ok", "error", "crashed", "timeout")
 
@@ -79,14 +80,10 @@ def verify_run(run: KernelRun, workload: KernelWorkload, inputs: Sequence[np.nda
 
 
 def _sha(x: np.ndarray) -> str:
-    from edgetune.verify import array_sha256
-
     return array_sha256(np.asarray(x))
 
 
 def _package_root() -> str:
-    import edgetune
-
     return str(Path(edgetune.__file__).resolve().parent.parent)
 
 

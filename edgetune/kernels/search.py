@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from edgetune.build.tvm_kernel import (
+    _HOST_ARCH, as_tvm_target, compile_module, export_module, import_tensor_intrinsics, ms_build, ms_export_function,
+    resolve_cross_cc, target_arch,
+)
 from edgetune.errors import UserInputError
 from edgetune.kernels.database import _num_cores, _slug, database_dir, open_database, target_key, workload_records
 from edgetune.kernels.device_measure import LocalMeasure
@@ -90,8 +94,6 @@ class TuneOutcome:
 def default_measure(target):
     """A measurer for a target this host runs (the native agent on ``local``; CUDA: the legacy
     worker); UserInputError for anything else."""
-    from edgetune.build.tvm_kernel import _HOST_ARCH, as_tvm_target, target_arch
-
     tgt = as_tvm_target(target)
     if tgt.kind.name == "cuda":
         return CudaLocalMeasure(device="cuda")
@@ -139,11 +141,6 @@ def tune_workload(
     """
     import tvm
     from tvm.s_tir import meta_schedule as ms
-
-    from edgetune.build.tvm_kernel import (
-        as_tvm_target, compile_module, export_module, import_tensor_intrinsics, ms_build, ms_export_function,
-        resolve_cross_cc,
-    )
 
     if trials < 0:
         raise UserInputError(f"trials must be >= 0, got {trials}")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from edgetune.errors import UserInputError
 from edgetune.results import REPORT_SCHEMA, CandidateSummary, RunSummary
 
 
@@ -98,8 +99,6 @@ def fmt_err(c: CandidateSummary) -> str:
 
 
 def markdown(rep: dict[str, Any]) -> str:
-    from edgetune.results import RunSummary  # noqa: F401 (documentation of the shape)
-
     out = ["# edgetune report", "", f"schema `{rep['schema']}`, generated {rep['generated']}", ""]
     for run in rep["runs"]:
         fp = run["fingerprint"]
@@ -150,8 +149,6 @@ def markdown(rep: dict[str, Any]) -> str:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    from edgetune.errors import UserInputError
-
     p = Path(path)
     tmp = p.with_name(p.name + f".tmp{os.getpid()}")
     try:

@@ -20,8 +20,11 @@ from pathlib import Path
 from edgetune.agent.host import AgentInfo
 from edgetune.build.identity import build_identity
 from edgetune.build.tvm_kernel import resolve_cross_cc
+from edgetune.build.tvm_relax import build_relax_model, tune_relax_model
 from edgetune.candidate import Candidate
 from edgetune.errors import EdgetuneError
+from edgetune.kernels.device_measure import DeviceMeasure
+from edgetune.kernels.targets import host_target, load_target
 from edgetune.space import BuildFailed, Prepared
 from edgetune.space.ort import thread_counts
 from edgetune.workload import Model, Workload
@@ -29,8 +32,6 @@ from edgetune.workload import Model, Workload
 
 def device_target(info: AgentInfo) -> tuple[dict, str | None]:
     """The TVM target for a device (from what its agent reports) and the cross compiler if any."""
-    from edgetune.kernels.targets import host_target, load_target
-
     cores = int(info.fingerprint.get("cores") or 1)
     arch = info.arch
     if arch in ("x86_64", "amd64"):
@@ -92,8 +93,6 @@ class TvmRelaxSpace:
 
     def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path,
                 spec=None, progress=None) -> Prepared:
-        from edgetune.build.tvm_relax import build_relax_model, tune_relax_model
-
         target, cross_cc = device_target(info)
         shapes = {k: list(v) for k, v in workload.input_shapes.items()}
         params = cand.param_dict
@@ -113,8 +112,6 @@ class TvmRelaxSpace:
                 # native agent; only the host itself may use the in-process local measurer
                 measure = None
                 if spec is not None and spec.kind != "local":
-                    from edgetune.kernels.device_measure import DeviceMeasure
-
                     measure = DeviceMeasure(spec)
                 try:
                     cb = None

@@ -41,7 +41,7 @@ from edgetune.select import is_confirmation  # noqa: E402
 from edgetune.space import Prepared  # noqa: E402
 from edgetune.tune import TuneConfig, tune  # noqa: E402
 
-VERDICTS = ("faster", "slower", "no significant difference", "insufficient rounds")
+VERDICTS = ("faster", "slower", "no significant difference", "insufficient rounds", "no verdict")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Outcome:
     value: float  # confirmed speedup
     ci: tuple[float, float]
     race_verdict: str  # what the race rounds alone would have claimed ("none": the race's fastest was the baseline)
+    reason: str = ""  # why there is no verdict (a job failed verification)
 
 
 def aa_candidates(model_path: str, copies: int) -> list[tuple[Candidate, Prepared]]:
@@ -69,6 +70,8 @@ def race_only_verdict(store: Store, run_id: str, base_key: str) -> str:
     by_cand: dict[str, dict[int, np.ndarray]] = {}
     for r in raced:
         by_cand.setdefault(r.candidate_key, {})[r.round] = r.samples_ns
+    if base_key not in by_cand or len(by_cand) < 2:
+        return "none"
     best = min(by_cand, key=lambda k: float(np.median(np.concatenate(list(by_cand[k].values())))))
     if best == base_key:
         return "none"
@@ -78,21 +81,25 @@ def race_only_verdict(store: Store, run_id: str, base_key: str) -> str:
 
 def one_comparison(name: str, model_path: str, i: int, args: argparse.Namespace, db: Path) -> Outcome:
     extra = aa_candidates(model_path, args.copies)
-    cfg = TuneConfig(budget_s=0.1, rounds=args.race_rounds, finalists=args.copies, spaces=(), seed=i, fresh=True,
-                     confirm_rounds=args.confirm_rounds, timeout_s=30, extra=extra)
+    # the tuner splits a run's budget among its jobs: give each about --budget-ms of timing
+    jobs = (1 + args.copies) * (1 + args.race_rounds + args.confirm_rounds)
+    cfg = TuneConfig(budget_s=jobs * (args.budget_ms + 800) / 1e3, rounds=args.race_rounds, finalists=args.copies,
+                     spaces=(), seed=i, fresh=True, confirm_rounds=args.confirm_rounds, timeout_s=30, extra=extra)
     dev = tune(model_path, [args.device], db=db, config=cfg).devices[0]
     if dev.summary is None or dev.status != "complete":
         raise SystemExit(f"comparison {i} on {name}: device {dev.device} {dev.status}: {dev.error}")
     shape = dev.summary.shapes[0]
     conf = shape.confirmation
-    if conf is None or conf.vs_best_baseline is None:
-        raise SystemExit(f"comparison {i} on {name}: no confirmation ({[c.reason for c in shape.candidates]})")
-    r = conf.vs_best_baseline
     store = Store(db)
     try:
         race = race_only_verdict(store, dev.run_id, extra[0][0].key())
     finally:
         store.close()
+    if conf is None or conf.vs_best_baseline is None:
+        # identical configurations, yet one was disqualified: counted apart, never as a verdict
+        why = "; ".join(f"{c.candidate.label()}: {c.reason}" for c in shape.candidates if c.reason)
+        return Outcome(name, "no verdict", float("nan"), (float("nan"), float("nan")), race, why)
+    r = conf.vs_best_baseline
     return Outcome(name, r.verdict, r.value, (r.ci_low, r.ci_high), race)
 
 
@@ -116,26 +123,30 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def rate_cell(k: int, n: int) -> str:
+    if n == 0:
+        return "—"
     lo, hi = clopper_pearson(k, n)
     return f"{k}/{n} = {100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def table(outcomes: list[Outcome], models: list[str]) -> list[str]:
     out = ["| model | comparisons | confirmed \"faster\" [95% CI] | confirmed \"slower\" [95% CI] | "
-           "no significant difference | median confirmed ratio (p5–p95) | race-only \"faster\" (old method) |",
-           "|---|---|---|---|---|---|---|"]
+           "no significant difference | no verdict (a job failed verification) | median confirmed ratio (p5–p95) | "
+           "race-only \"faster\" (old method) |",
+           "|---|---|---|---|---|---|---|---|"]
     for name in models + ["all"]:
         rows = [o for o in outcomes if name in ("all", o.model)]
+        judged = [o for o in rows if o.verdict != "no verdict"]
         if not rows:
             continue
-        n = len(rows)
+        n = len(judged)
         count = {v: sum(o.verdict == v for o in rows) for v in VERDICTS}
-        vals = np.array([o.value for o in rows])
+        vals = np.array([o.value for o in judged] or [float("nan")])
         race_fast = sum(o.race_verdict == "faster" for o in rows)
         label = "**all**" if name == "all" else name
-        out.append(f"| {label} | {n} | {rate_cell(count['faster'], n)} | {rate_cell(count['slower'], n)} | "
-                   f"{count['no significant difference']} | {np.median(vals):.3f} "
-                   f"({np.percentile(vals, 5):.3f}–{np.percentile(vals, 95):.3f}) | {rate_cell(race_fast, n)} |")
+        out.append(f"| {label} | {len(rows)} | {rate_cell(count['faster'], n)} | {rate_cell(count['slower'], n)} | "
+                   f"{count['no significant difference']} | {count['no verdict']} | {np.median(vals):.3f} "
+                   f"({np.percentile(vals, 5):.3f}–{np.percentile(vals, 95):.3f}) | {rate_cell(race_fast, len(rows))} |")
     return out
 
 
@@ -146,6 +157,7 @@ def main() -> int:
     ap.add_argument("--copies", type=int, default=1, help="identical copies raced against the baseline")
     ap.add_argument("--race-rounds", type=int, default=1)
     ap.add_argument("--confirm-rounds", type=int, default=TuneConfig.confirm_rounds)
+    ap.add_argument("--budget-ms", type=float, default=100.0, help="timing budget of each job, about")
     ap.add_argument("--device", default="local")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="edgetune-aa-"))
@@ -154,7 +166,7 @@ def main() -> int:
     models = args.models.split(",")
     print(f"# bench_aa: {args.comparisons} A/A comparisons per model, {args.copies} identical cop"
           f"{'y' if args.copies == 1 else 'ies'} vs the onnxruntime default, race rounds {args.race_rounds}, "
-          f"confirmation rounds {args.confirm_rounds}, device {args.device}")
+          f"confirmation rounds {args.confirm_rounds}, ~{args.budget_ms:g} ms timing per job, device {args.device}")
     print(f"# host {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
           f"edgetune {edgetune.__version__}, onnxruntime {onnxruntime.__version__}; {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# command: .venv/bin/python tools/bench/bench_aa.py {' '.join(sys.argv[1:])}".rstrip())
@@ -166,12 +178,15 @@ def main() -> int:
             o = one_comparison(name, path, i, args, db)
             outcomes.append(o)
             print(f"#   {name} {i + 1}/{args.comparisons}: {o.value:.3f} [{o.ci[0]:.3f}, {o.ci[1]:.3f}] {o.verdict}"
-                  f" (race only: {o.race_verdict})", flush=True)
+                  f" (race only: {o.race_verdict}){' — ' + o.reason if o.reason else ''}", flush=True)
     print(f"# {len(outcomes)} comparisons in {time.monotonic() - t0:.0f} s")
     print()
     print("\n".join(table(outcomes, models)))
-    n = len(outcomes)
+    n = sum(o.verdict != "no verdict" for o in outcomes)
     k = sum(o.verdict == "faster" for o in outcomes)
+    if n == 0:
+        print("\nNo comparison reached a verdict.")
+        return 1
     lo, hi = clopper_pearson(k, n)
     print()
     print(f"Promise (\"faster\" at most 5% of the time for identical configurations): measured {100 * k / n:.1f}% "

@@ -12,7 +12,7 @@ of N and the confirmation must undo the selection (winner's curse). For contrast
 what the race rounds alone would have said (the pre-issue-7 method: the race's fastest, judged by a
 grouped bootstrap on the same rounds).
 
-    .venv/bin/python tools/bench/bench_aa.py [--comparisons 30] [--models mobilenet,transformer]
+    .venv/bin/python tools/bench/bench_aa.py [--comparisons 20] [--models mobilenet,transformer] [--copies 1]
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ def table(outcomes: list[Outcome], models: list[str]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--comparisons", type=int, default=30, help="A/A comparisons per model")
+    # 20 per model: about 10 minutes on a quiet 2-core machine (~15 s a comparison: 14 agent processes)
+    ap.add_argument("--comparisons", type=int, default=20, help="A/A comparisons per model")
     ap.add_argument("--models", default="mobilenet,transformer")
     ap.add_argument("--copies", type=int, default=1, help="identical copies raced against the baseline")
     ap.add_argument("--race-rounds", type=int, default=1)

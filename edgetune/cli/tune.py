@@ -84,7 +84,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
             progress.advance(tasks[d])
             if ev["event"] == "job":
                 med = f"{ev['median_ms']:.4f} ms" if ev.get("median_ms") is not None else ""
-                progress.update(tasks[d], description=f"{ev['shape']} r{ev['round']} {ev['candidate']} {ev['status']} {med}")
+                progress.update(tasks[d], description=f"{ev['shape']} {_round_label(ev)} {ev['candidate']} {ev['status']} {med}")
                 if log_lines and ev["status"] != "verified":
                     err_console.print(f"{d}: {ev['shape']} {ev['candidate']}: {ev['status']}: {ev['reason']}",
                                       highlight=False)
@@ -123,3 +123,10 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
             console.print(f"report written to {report_dir}/report.md, report.json and report.html")
     if any(d.status != "complete" for d in outcome.devices):
         raise typer.Exit(3)
+
+
+def _round_label(ev: dict) -> str:
+    """Race rounds as r0, r1, ...; confirmation rounds (stored as 1000 + k) as c1, c2, ..."""
+    if ev.get("phase") == "confirm" or ev["round"] >= 1000:
+        return f"c{ev.get('confirm_round') or ev['round'] - 1000}"
+    return f"r{ev['round']}"

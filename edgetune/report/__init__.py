@@ -89,7 +89,8 @@ def fmt_speedup(c: CandidateSummary, emulated: bool) -> str:
     text = f"{r.value:.2f}× [{r.ci_low:.2f}, {r.ci_high:.2f}]"
     if emulated:
         return text + " (emulated)"
-    return text + {"faster": " faster", "slower": " slower", "no significant difference": " ≈"}[r.verdict]
+    return text + {"faster": " faster", "slower": " slower", "no significant difference": " ≈"}.get(
+        r.verdict, f" ({r.verdict})")
 
 
 def fmt_err(c: CandidateSummary) -> str:

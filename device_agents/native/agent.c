@@ -272,14 +272,12 @@ typedef struct {
   size_t n_samples;
   int n_sets, n_in, n_out;
   char (*sha_before)[65];
-  char (*sha_after)[65];
-  int have_before, have_after;
+  int have_before;
   int outputs_written; /* sets whose outputs were written */
   int rep_written;
   char (*sha_after_sets)[65]; /* work buffers after each input set's run */
   int have_after_sets;
   long long first_timed_iter;
-  int n_kept;                   /* timed iterations kept for the host: reservoir slots, then fastest */
   long long kept_iter[ET_MAX_CHECKS];
   int64_t kept_ns[ET_MAX_CHECKS];
   int kept_used[ET_MAX_CHECKS];
@@ -556,8 +554,7 @@ static int run_job(run_state* r) {
   outs = (et_tensor*)calloc((size_t)r->n_out + 1, sizeof(et_tensor));
   sets = (et_tensor**)calloc((size_t)r->n_sets, sizeof(et_tensor*));
   r->sha_before = calloc((size_t)(r->n_sets * r->n_in) + 1, 65);
-  r->sha_after = calloc((size_t)(r->n_sets * r->n_in) + 1, 65);
-  if (!in_names || !out_names || !outs || !sets || !r->sha_before || !r->sha_after) {
+  if (!in_names || !out_names || !outs || !sets || !r->sha_before) {
     fail(r, "out of memory%s", "");
     goto done;
   }
@@ -847,7 +844,6 @@ static int cmd_run(const char* jobdir, const char* dir) {
   int wrc = write_result(&r);
   free(r.samples);
   free(r.sha_before);
-  free(r.sha_after);
   free(r.sha_after_sets);
   free(r.kept_sha);
   free(r.probe_rep);

@@ -8,7 +8,6 @@ raw outputs; the host decides whether they are right.
 
 import hashlib
 import json
-import math
 import os
 import platform
 import sys

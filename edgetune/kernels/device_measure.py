@@ -15,7 +15,6 @@ and clock from the agent's fingerprint), plus the cross compiler that links its 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -40,11 +39,6 @@ def kernel_spec(spec: DeviceSpec, suffix: str = KERNEL_WORKDIR_SUFFIX) -> Device
     base = spec.workdir or str(Path(tempfile.gettempdir()) / f"edgetune-local-{os.getuid()}")
     options = {**spec.options, "native": True, "workdir": base.rstrip("/") + suffix}
     return DeviceSpec(spec.name, spec.url, options)
-
-
-def array_sha256(a: np.ndarray) -> str:
-    """sha256 of an array's raw bytes, as the agents hash their inputs."""
-    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,11 @@ fresh inputs, TEST04, late writes, guard zones, the roofline.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,10 +59,6 @@ class Measure(Protocol):
     def __call__(self, artifact_path: str, inputs: list[np.ndarray], output_specs: Sequence[TensorSpec]) -> KernelRun: ...
 
 
-class Measure(Protocol):
-    def __call__(self, artifact_path: str, inputs: list[np.ndarray], output_specs: Sequence[TensorSpec]) -> KernelRun: ...
-
-
 def verify_run(run: KernelRun, workload: KernelWorkload, inputs: Sequence[np.ndarray],
                reference: Sequence[np.ndarray], *, peak_gflops: float | None = None,
                timings_trusted: bool = True) -> Verdict:
@@ -73,14 +72,10 @@ def verify_run(run: KernelRun, workload: KernelWorkload, inputs: Sequence[np.nda
     if job is None:  # the legacy CUDA worker: one set, repeat, no timed outputs
         job = JobResult("ok", samples_ns=list(run.samples_ns), outputs=[list(run.outputs)],
                         repeat_outputs=list(run.repeat_outputs),
-                        input_sha256_after_sets=[[_sha(x) for x in inputs]])
+                        input_sha256_after_sets=[[array_sha256(x) for x in inputs]])
     return verify_job(job, [list(inputs)], [list(reference)], workload.reference, [s.name for s in workload.outputs],
                       flops=float(workload.flops()), peak_gflops=peak_gflops, timings_trusted=timings_trusted,
                       output_dtypes=[s.dtype for s in workload.outputs], require_timed=run.job is not None)
-
-
-def _sha(x: np.ndarray) -> str:
-    return array_sha256(np.asarray(x))
 
 
 def _package_root() -> str:

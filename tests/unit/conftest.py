@@ -6,7 +6,7 @@ import pytest
 
 from tests.fixtures.tiny import build_tiny
 
-ADAPTERS = Path(__file__).resolve().parents[1] / "fixtures" / "adapters"
+from tests.conformance.suite import ADAPTERS  # one set of adapter fixtures: the conformance suite's
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,8 @@ from tests.conftest import require_module
 require_module("tvm")
 
 from edgetune.agent.host import JobResult  # noqa: E402
-from edgetune.kernels.device_measure import array_sha256, job_to_kernel_run, kernel_spec  # noqa: E402
+from edgetune.kernels.device_measure import job_to_kernel_run, kernel_spec  # noqa: E402
+from edgetune.verify import array_sha256  # noqa: E402
 from edgetune.devices.inventory import DeviceSpec  # noqa: E402
 from edgetune.kernels.workloads import TensorSpec  # noqa: E402
 

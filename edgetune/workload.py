@@ -11,7 +11,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import mmap
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -76,7 +79,100 @@ class Model:
         return self.path.stem
 
 
-def load_model(path: str | os.PathLike) -> Model:
+@dataclass(frozen=True)
+class Deadline:
+    """When host-side work on a model must stop: a ``time.monotonic()`` instant and the budget it
+    came from (for the message). Steps that scale with the model check it between their parts; one
+    onnxruntime call cannot be interrupted, so a step may end past it by the length of one call
+    (a few seconds at the node limit, see ``ModelLimits``)."""
+
+    at: float
+    budget_s: float
+
+    @classmethod
+    def after(cls, budget_s: float) -> "Deadline":
+        return cls(time.monotonic() + budget_s, budget_s)
+
+    def check(self, step: str) -> None:
+        if time.monotonic() > self.at:
+            raise UserInputError(f"host-side work on the model ({step}) exceeded the tuning budget of "
+                                 f"{self.budget_s:g}s")
+
+
+def _check(deadline: Deadline | None, step: str) -> None:
+    if deadline is not None:
+        deadline.check(step)
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the host agrees to load: the node count and the size of the model file itself.
+
+    Host cost grows with the node count, not with the work per node. Measured on a chain of trivial
+    nodes (onnx.helper: Add with a constant / Relu, alternating, on a 1x4 float tensor), each step
+    in a fresh process, peak RSS above the ~62 MB of imports, onnx 1.23, onnxruntime 1.32, a
+    shared 2-core x86-64 VM (times vary by about 1.5x with its load):
+
+    =========  =======  ===============  ==================  ===============  =================
+    nodes      file     onnx.load        onnxruntime         shape inference  whole host side
+                                         session             (FLOP count)     (edgetune, now)
+    =========  =======  ===============  ==================  ===============  =================
+    10,000     0.2 MB   0.00 s, +3 MB    0.26 s, +40 MB      0.14 s           0.5-0.8 s, 0.12 GB
+    100,000    2.5 MB   0.03 s, +36 MB   4.6-6 s, +300 MB    1.4-2 s          7.5-12 s, 0.5 GB
+    1,000,000  27 MB    0.3 s, +370 MB   269 s, +3,000 MB    4.8 s, +1.4 GB   refused: 0.6 s, 95 MB
+    =========  =======  ===============  ==================  ===============  =================
+
+    ("whole host side": load_model, three reference outputs and the FLOP count.) Session creation
+    is superlinear in time and ~3 KB per node in memory, so the default limit is 100,000 nodes, and
+    a model above it is refused from a byte scan of the file, before onnx or onnxruntime build
+    anything (nodes in If/Loop/Scan bodies are counted after the parse of a graph within the limit).
+
+    The file cap bounds what a single-file model costs: onnxruntime holds the file and its tensors
+    (a 512 MB model: 2.4 s, 1.1 GB peak; onnx itself reads only the graph, never the weights), so
+    the default 1024 MB keeps the host near 2 GB. Weights kept as external data are not counted.
+    """
+
+    max_nodes: int = 100_000
+    max_file_mb: int = 1024
+
+    @classmethod
+    def from_env(cls) -> "ModelLimits":
+        return cls(_env_limit("EDGETUNE_MAX_NODES", cls.max_nodes),
+                   _env_limit("EDGETUNE_MAX_MODEL_MB", cls.max_file_mb))
+
+    def check_nodes(self, p: Path, n: int) -> None:
+        if n > self.max_nodes:
+            raise self.too_many_nodes(p, f"{n:,}")
+
+    def too_many_nodes(self, p: Path, count: str) -> ModelError:
+        return ModelError(f"{p}: model has {count} nodes; edgetune's limit is {self.max_nodes:,} "
+                          f"(EDGETUNE_MAX_NODES={self.max_nodes}; host-side load, references and FLOP count "
+                          f"grow with the node count: about 3 KB of host memory per node)")
+
+    def check_file(self, p: Path, size: int, onnx_hint: bool) -> None:
+        if size > self.max_file_mb * 2**20:
+            how = ("; keep the weights as external data (onnx.save_model(model, path, "
+                   "save_as_external_data=True)): they are not counted") if onnx_hint else ""
+            raise ModelError(f"{p}: model file is {size / 2**20:,.1f} MB; edgetune's limit is {self.max_file_mb:,} MB "
+                             f"(EDGETUNE_MAX_MODEL_MB={self.max_file_mb}){how}")
+
+
+def _env_limit(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise UserInputError(f"{name}={raw!r} must be a positive integer")
+    return value
+
+
+def load_model(path: str | os.PathLike, limits: ModelLimits | None = None, deadline: Deadline | None = None) -> Model:
+    """The model's inputs and outputs, read on the host within ``limits`` (default: from the
+    environment) and, when given, before ``deadline``."""
     p = Path(path)
     if not p.exists():
         raise ModelError(f"model not found: {p}")
@@ -85,31 +181,153 @@ def load_model(path: str | os.PathLike) -> Model:
     try:
         with open(p, "rb") as f:
             head = f.read(8)
+            size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise ModelError(f"cannot read model {p}: {exc.strerror}") from exc
+    limits = limits or ModelLimits.from_env()
+    _check(deadline, "load")
     if p.suffix == ".tflite" or head[4:8] == b"TFL3":
+        limits.check_file(p, size, onnx_hint=False)
         return _load_tflite(p)
-    return _load_onnx(p)
+    limits.check_file(p, size, onnx_hint=True)
+    return _load_onnx(p, limits, deadline)
 
 
-def _load_onnx(p: Path) -> Model:
+def _pb_varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _pb_fields(buf, pos: int, end: int):
+    """(field number, wire type, field start, value start, field end) of each field in
+    ``buf[pos:end]`` (protobuf wire format)."""
+    while pos < end:
+        start = pos
+        tag, pos = _pb_varint(buf, pos)
+        wire, value = tag & 7, pos
+        if wire == 2:
+            n, value = _pb_varint(buf, pos)
+            pos = value + n
+        elif wire == 0:
+            pos = _pb_varint(buf, pos)[1]
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if pos > end:
+            raise ValueError("truncated field")
+        yield tag >> 3, wire, start, value, pos
+
+
+def _pb_message(field_no: int, payload: bytes) -> bytes:
+    out, n = bytearray(), len(payload)
+    for v in (field_no << 3 | 2, n):
+        while v >= 0x80:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out) + payload
+
+
+# onnx.proto field numbers
+_MODEL_GRAPH, _MODEL_FUNCTIONS, _GRAPH_NODE, _GRAPH_INITIALIZER, _FUNCTION_NODE = 7, 25, 1, 5, 7
+_TENSOR_VALUES = {4, 5, 6, 7, 9, 10, 11}  # float/int32/string/int64 data, raw_data, double/uint64 data
+_SMALL_TENSOR = 4096  # bytes: shape tensors and scalars keep their values (shape inference reads them)
+
+
+class TooManyNodes(Exception):
+    def __init__(self, count: str):
+        super().__init__(count)
+        self.count = count  # "1,000,000" or "more than 1,000,000"
+
+
+def _onnx_skeleton(p: Path, max_nodes: int | None = None):
+    """The model without the values of its large initializers (their names, types and dims kept),
+    parsed. Built from the memory-mapped file, so host memory is the graph's, not the weights'
+    (onnx.load of a 512 MB model holds the file twice). Counts the main graph's and the functions'
+    nodes on the way: past ``max_nodes``, raises TooManyNodes before anything is parsed (counting on
+    up to 10x the limit, for the message)."""
     import onnx
-    import onnxruntime as ort
 
+    stop = None if max_nodes is None else 10 * max_nodes + 1
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        out, nodes = bytearray(), 0
+        for field_no, wire, start, value, end in _pb_fields(buf, 0, len(buf)):
+            if wire == 2 and field_no == _MODEL_FUNCTIONS:
+                nodes += sum(1 for g in _pb_fields(buf, value, end) if g[0] == _FUNCTION_NODE and g[1] == 2)
+            if wire != 2 or field_no != _MODEL_GRAPH:
+                out += buf[start:end]
+                continue
+            graph = bytearray()
+            for g_no, g_wire, g_start, g_value, g_end in _pb_fields(buf, value, end):
+                if g_wire == 2 and g_no == _GRAPH_NODE:
+                    nodes += 1
+                    if nodes == stop:
+                        break
+                if max_nodes is not None and nodes > max_nodes:
+                    continue  # refused below: only counting now
+                if g_wire == 2 and g_no == _GRAPH_INITIALIZER and g_end - g_value > _SMALL_TENSOR:
+                    graph += _pb_message(_GRAPH_INITIALIZER, b"".join(
+                        buf[t_start:t_end] for t_no, _, t_start, _, t_end in _pb_fields(buf, g_value, g_end)
+                        if t_no not in _TENSOR_VALUES))
+                else:
+                    graph += buf[g_start:g_end]
+            out += _pb_message(_MODEL_GRAPH, bytes(graph))
+            if nodes == stop:
+                break
+    if max_nodes is not None and nodes > max_nodes:
+        raise TooManyNodes(f"more than {stop - 1:,}" if nodes == stop else f"{nodes:,}")
+    return onnx.ModelProto.FromString(bytes(out))
+
+
+def count_nodes(proto) -> int:
+    """Every node of an ONNX model: main graph, subgraphs (If/Loop/Scan bodies) and functions."""
+    from onnx import AttributeProto
+
+    def graph_nodes(nodes) -> int:
+        n = 0
+        for node in nodes:
+            n += 1
+            for a in node.attribute:
+                if a.type == AttributeProto.GRAPH:
+                    n += graph_nodes(a.g.node)
+                elif a.type == AttributeProto.GRAPHS:
+                    n += sum(graph_nodes(g.node) for g in a.graphs)
+        return n
+
+    return graph_nodes(proto.graph.node) + sum(graph_nodes(f.node) for f in proto.functions)
+
+
+def _load_onnx(p: Path, limits: ModelLimits, deadline: Deadline | None = None) -> Model:
+    # refused from the byte scan, before the parse (the parse of a 1,000,000-node graph takes 370 MB);
+    # nodes in subgraphs are counted after the parse of a graph below the limit
     try:
-        proto = onnx.load(str(p), load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError and friends
-        raise ModelError(f"{p} is not a valid ONNX model ({type(exc).__name__})") from exc
+        proto = _onnx_skeleton(p, limits.max_nodes)
+    except TooManyNodes as many:
+        raise limits.too_many_nodes(p, many.count) from None
+    except Exception as exc:  # protobuf raises DecodeError and friends; the scanner ValueError/IndexError
+        raise ModelError(f"{p} is not a valid ONNX model ({type(exc).__name__})") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{p} is not a valid ONNX model (empty graph)")
+    limits.check_nodes(p, count_nodes(proto))
+    del proto
+    _check(deadline, "load")
+    sha = sha256_file(p)
     try:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 4
-        sess = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
+        # the session references are computed with, built once (the slowest host step on a big graph)
+        sess = _reference_session(str(p.resolve()), sha)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{p}: onnxruntime cannot load this model: {first[:300]}") from exc
+    _check(deadline, "load")
 
     def spec(a) -> TensorSpec:
         dtype = _ONNX_DTYPES.get(a.type)
@@ -118,7 +336,7 @@ def _load_onnx(p: Path) -> Model:
         dims = tuple(d if isinstance(d, int) else (d if isinstance(d, str) and d else None) for d in a.shape)
         return TensorSpec(a.name, dtype, dims)
 
-    return Model(p.resolve(), "onnx", sha256_file(p), tuple(spec(a) for a in sess.get_inputs()),
+    return Model(p.resolve(), "onnx", sha, tuple(spec(a) for a in sess.get_inputs()),
                  tuple(spec(a) for a in sess.get_outputs()))
 
 
@@ -274,18 +492,25 @@ class Workload:
                    "inputs": [[hashlib.sha256(a.tobytes()).hexdigest()[:16] for a in s] for s in self.input_sets]}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
-    def references(self) -> list[list[np.ndarray]]:
+    def references(self, deadline: Deadline | None = None) -> list[list[np.ndarray]]:
+        """Reference outputs of every input set (computed once). With ``deadline``, raises
+        UserInputError when it passes before they are all computed."""
         if self._references is None:
-            self._references = [compute_reference(self.model, s) for s in self.input_sets]
+            refs = []
+            for s in self.input_sets:
+                _check(deadline, "references")
+                refs.append(compute_reference(self.model, s))
+            _check(deadline, "references")
+            self._references = refs
         return self._references
 
-    def flops(self) -> float | None:
+    def flops(self, deadline: Deadline | None = None) -> float | None:
         """FLOPs of one inference at this shape point (MatMul/Gemm/Conv multiply-adds x 2), for the
         roofline check; None when they cannot be counted (TFLite models, unknown shapes)."""
         if self.model.format != "onnx":
             return None
         return model_flops(str(self.model.path), self.model.sha256,
-                           tuple((n, tuple(s)) for n, s in self.input_shapes.items()))
+                           tuple((n, tuple(s)) for n, s in self.input_shapes.items()), deadline=deadline)
 
     def reference_for(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Reference outputs of any inputs of this shape point (e.g. a replayed timed iteration's)."""
@@ -293,7 +518,10 @@ class Workload:
 
 
 def build_workload(model: Model, bindings: Mapping[str, int], user_inputs: Mapping[str, np.ndarray] | None = None,
-                   n_seeded: int = N_SEEDED_INPUTS, seed: int = 0) -> Workload:
+                   n_seeded: int = N_SEEDED_INPUTS, seed: int = 0, deadline: Deadline | None = None) -> Workload:
+    """The workload at one shape point. With ``deadline``, its references are computed here too
+    (the step that scales with the model), and UserInputError is raised once the deadline passes."""
+    _check(deadline, "inputs")
     user_inputs = dict(user_inputs or {})
     shapes: dict[str, tuple[int, ...]] = {}
     for spec in model.inputs:
@@ -326,6 +554,8 @@ def build_workload(model: Model, bindings: Mapping[str, int], user_inputs: Mappi
                      else _seeded_input(s.dtype, shapes[s.name], rng) for s in model.inputs])
         n_user = 1
     wl = Workload(model, dict(bindings), shapes, sets, n_user, seed)
+    if deadline is not None:
+        wl.references(deadline)
     return wl
 
 
@@ -345,14 +575,57 @@ def load_user_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
     return out
 
 
-@functools.lru_cache(maxsize=32)
-def model_flops(path: str, sha256: str, input_shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> float | None:
+_flops_cache: dict[tuple, float | None] = {}
+_flops_lock = threading.Lock()
+
+
+def model_flops(path: str, sha256: str, input_shapes: tuple[tuple[str, tuple[int, ...]], ...],
+                deadline: Deadline | None = None) -> float | None:
     """2 x the multiply-adds of the model's MatMul, Gemm and Conv nodes at the given input shapes
-    (onnx shape inference); other ops are not counted, so this is a floor of the real work."""
+    (onnx shape inference); other ops are not counted, so this is a floor of the real work.
+    Remembered per (model, shapes); with ``deadline``, UserInputError once it passes."""
+    key = (path, sha256, input_shapes)
+    with _flops_lock:
+        if key in _flops_cache:
+            return _flops_cache[key]
+    flops = _count_flops(path, input_shapes, deadline)
+    with _flops_lock:
+        if len(_flops_cache) >= 32:
+            _flops_cache.pop(next(iter(_flops_cache)))
+        _flops_cache[key] = flops
+    return flops
+
+
+def _shapes_only(m) -> None:
+    """Replace the initializers without values (large ones, left out by ``_onnx_skeleton``, and
+    external ones) by graph inputs of the same type and shape: shape inference reads the values of
+    small constants only (shape tensors of Reshape, Expand, ...). With the weights in, counting the
+    FLOPs of a 512 MB model took 3.1 GB of host memory (shape inference copies the model twice)."""
+    from onnx import TensorProto, helper
+
+    names = {vi.name for vi in m.graph.input}
+    keep = []
+    for init in m.graph.initializer:
+        has_values = init.data_location != TensorProto.EXTERNAL and any(
+            init.HasField("raw_data") if f == "raw_data" else len(getattr(init, f))
+            for f in ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"))
+        if has_values or not init.dims:
+            keep.append(init)
+        elif init.name not in names:
+            m.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(keep)
+
+
+def _count_flops(path: str, input_shapes: tuple[tuple[str, tuple[int, ...]], ...],
+                 deadline: Deadline | None) -> float | None:
     import onnx
 
+    _check(deadline, "FLOP count")
     try:
-        m = onnx.load(path)
+        m = _onnx_skeleton(Path(path))  # shapes only: initializer dims are in the graph
+        weights = {init.name: tuple(int(d) for d in init.dims) for init in m.graph.initializer}
+        _shapes_only(m)
         shapes = dict(input_shapes)
         for vi in m.graph.input:
             if vi.name in shapes:
@@ -363,16 +636,18 @@ def model_flops(path: str, sha256: str, input_shapes: tuple[tuple[str, tuple[int
         m = onnx.shape_inference.infer_shapes(m)
     except Exception:  # noqa: BLE001 - no count is a skipped roofline check, not an error
         return None
+    _check(deadline, "FLOP count")
     known: dict[str, tuple[int, ...]] = {}
     for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
         dims = vi.type.tensor_type.shape.dim
         if dims and all(d.HasField("dim_value") for d in dims):
             known[vi.name] = tuple(int(d.dim_value) for d in dims)
-    for init in m.graph.initializer:
-        known[init.name] = tuple(int(d) for d in init.dims)
+    known.update(weights)
     macs = 0
-    constant = {init.name for init in m.graph.initializer}
-    for node in m.graph.node:
+    constant = set(weights)
+    for n_seen, node in enumerate(m.graph.node):
+        if n_seen % 4096 == 0:
+            _check(deadline, "FLOP count")
         if all(i in constant for i in node.input if i):  # folded at session creation: no work per inference
             constant.update(node.output)
             continue

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
 
+from edgetune.devices.ssh import SshTransport
 from edgetune.errors import AuthError, DeviceUnreachable, HostKeyMismatch
 from tests.farm.ssh_fixtures import transport_for
 
@@ -111,6 +114,70 @@ def test_unusable_key_files_are_auth_errors_without_content(ssh_farm, tmp_path, 
             assert line not in str(exc.value) and line not in debug_logs.text
     with pytest.raises(AuthError, match="does not exist"):
         transport_for(ssh_farm, key_filename=str(tmp_path / "nope")).connect()
+
+
+# every format ssh-keygen writes: OpenSSH (the default), PEM and PKCS#8; paramiko raises a different
+# exception (and wording) per format for an encrypted one
+KEY_FORMATS = [("ed25519", None), ("ecdsa", None), ("rsa", None), ("ecdsa", "PEM"), ("rsa", "PEM"),
+               ("ecdsa", "PKCS8"), ("rsa", "PKCS8")]
+KEY_IDS = [f"{kind}-{fmt or 'openssh'}" for kind, fmt in KEY_FORMATS]
+PASSPHRASE = "hunter2-passphrase"
+
+
+def _keygen_as(path, kind, fmt, passphrase):
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", passphrase, "-f", str(path)]
+                   + (["-m", fmt] if fmt else []), check=True)
+    return path
+
+
+def _offline_transport(tmp_path, key) -> SshTransport:
+    """Keys are loaded before any connection: no server needed (nothing listens on port 9)."""
+    return SshTransport("127.0.0.1", port=9, user="nobody", key_filename=str(key),
+                        known_hosts=str(tmp_path / "known_hosts"), connect_timeout=2)
+
+
+@pytest.mark.parametrize("kind,fmt", KEY_FORMATS, ids=KEY_IDS)
+def test_encrypted_keys_say_so_with_a_way_out(tmp_path, debug_logs, kind, fmt):
+    key = _keygen_as(tmp_path / f"{kind}_{fmt or 'openssh'}", kind, fmt, PASSPHRASE)
+    t = _offline_transport(tmp_path, key)
+    with pytest.raises(AuthError) as exc:
+        t.connect()
+    msg = str(exc.value)
+    assert msg.startswith(f"private key file {key} is encrypted (passphrase-protected); edgetune does not "
+                          f"prompt for passphrases: "), msg
+    assert "ssh-keygen -t ed25519 -N '' -f ~/.ssh/edgetune_farm" in msg and "--key ~/.ssh/edgetune_farm" in msg
+    assert "\n" not in msg
+    assert exc.value.__cause__ is None and exc.value.__suppress_context__  # the parser's text is not chained
+    for text in (msg, repr(exc.value), debug_logs.text, repr(t)):
+        assert PASSPHRASE not in text
+        for line in _secret_lines(key):
+            assert line not in text
+
+
+@pytest.mark.parametrize("kind,fmt", KEY_FORMATS, ids=KEY_IDS)
+def test_unencrypted_keys_of_every_format_load(tmp_path, kind, fmt):
+    key = _keygen_as(tmp_path / f"{kind}_{fmt or 'openssh'}", kind, fmt, "")
+    assert _offline_transport(tmp_path, key)._load_key().get_name()
+
+
+def test_devices_check_shows_the_encrypted_key_message(tmp_path):
+    key = _keygen_as(tmp_path / "id_ed25519", "ed25519", None, PASSPHRASE)
+    env = {**os.environ, "EDGETUNE_HOME": str(tmp_path / "home"), "COLUMNS": "400"}
+    cli = [sys.executable, "-m", "edgetune.cli.main", "devices"]
+    inv = ["--inventory", str(tmp_path / "devices.toml")]
+    added = subprocess.run(cli + ["add", "pi", "ssh://nobody@127.0.0.1:9", "--key", str(key),
+                                  "--known-hosts", str(tmp_path / "known_hosts")] + inv,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    for fmt in ("json", "table"):
+        p = subprocess.run(cli + ["check", "pi", "--format", fmt] + inv, env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 3, p.stderr
+        assert "is encrypted (passphrase-protected)" in p.stdout and "Traceback" not in p.stderr
+        assert PASSPHRASE not in p.stdout + p.stderr
+        if fmt == "json":
+            (row,) = json.loads(p.stdout)
+            assert row["health"] == "down" and "is encrypted (passphrase-protected)" in row["error"]
 
 
 def test_good_connection_logs_no_key_material(ssh_farm, debug_logs):

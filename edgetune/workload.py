@@ -608,7 +608,8 @@ def _shapes_only(m) -> None:
     for init in m.graph.initializer:
         has_values = init.data_location != TensorProto.EXTERNAL and any(
             init.HasField("raw_data") if f == "raw_data" else len(getattr(init, f))
-            for f in ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"))
+            for f in ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
+                      "uint64_data"))
         if has_values or not init.dims:
             keep.append(init)
         elif init.name not in names:

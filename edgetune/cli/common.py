@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edgetune.errors import EdgetuneError
+from edgetune.text import device_text
 
 
 class OutputConsole(Console):
@@ -48,6 +49,8 @@ class OutputConsole(Console):
 
 
 def _plain(cell: Any) -> str:
+    """One Markdown cell: the text a cell shows (a str cell is markup, as in the rich table), on one
+    line, controls escaped (a cell may hold device text), ``|`` escaped."""
     if isinstance(cell, Text):
         text = cell.plain
     elif isinstance(cell, str):
@@ -57,7 +60,7 @@ def _plain(cell: Any) -> str:
             text = cell
     else:
         text = "" if cell is None else str(cell)
-    return " ".join(text.split()).replace("|", "\\|")
+    return device_text(" ".join(text.split())).replace("|", "\\|")
 
 
 def plain_table(table: Table) -> str:
@@ -135,7 +138,9 @@ def run_guarded(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except EdgetuneError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        # the message may quote a device (stderr, a reason): printed as data, never as markup
+        err_console.print(Text.assemble(("error:", "bold red"), " ", device_text(exc)), highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted: everything measured so far is saved; run the same command to resume")

@@ -6,13 +6,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from edgetune.cli.common import Format, FormatOpt, console, emit_json, run_guarded
 from edgetune.cli.examples import epilog
 from edgetune.devices.inventory import Inventory
 from edgetune.errors import EdgetuneError
+from edgetune.text import device_text, plain
 
 app = typer.Typer(no_args_is_help=True, help="The device inventory (local, ssh://, adb://).",
                   epilog=epilog("devices"))
@@ -20,12 +21,15 @@ InvOpt = typer.Option(None, "--inventory", help="devices.toml (default ~/.edgetu
 
 
 def _probe(spec) -> dict:
-    """Connect, provision the agent, and report what the device says about itself."""
-    from edgetune.agent.host import AgentClient  # lazy: CLI start-up (imports numpy)
+    """Connect, provision the agent, and report what the device says about itself.
 
+    Never raises (Ctrl-C aside): whatever goes wrong with one device, a malformed ``info`` reply
+    included, makes that device's row "down" with a one-line reason, and the others are listed."""
     row = {"name": spec.name, "url": spec.url, "health": "down"}
     client = None
     try:
+        from edgetune.agent.host import AgentClient  # lazy: CLI start-up (imports numpy)
+
         client = AgentClient(spec)
         info = client.provision()
         fp = info.fingerprint
@@ -35,27 +39,54 @@ def _probe(spec) -> dict:
                    max_freq_khz=fp.get("max_freq_khz"), governor=fp.get("governor"), python=info.python,
                    runtimes=rt, emulated=fp.get("emulated"), fingerprint_key=info.fingerprint_key)
     except EdgetuneError as exc:
-        row["error"] = str(exc)
+        row = {"name": spec.name, "url": spec.url, "health": "down", "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - one device's surprise must not hide the others
+        row = {"name": spec.name, "url": spec.url, "health": "down", "error": _unexpected(exc)}
     finally:
         if client is not None:
             try:
                 client.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
     return row
+
+
+def _unexpected(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    first = f": {lines[0][:300]}" if lines else ""
+    return f"unexpected {type(exc).__name__} while probing the device{first}"
+
+
+def _freq(khz) -> str:
+    try:
+        return f" @ {max(float(k) for k in khz) / 1e6:.2f} GHz" if khz else ""
+    except (TypeError, ValueError):  # not a list of numbers: nothing to show
+        return ""
+
+
+def _cells(r: dict) -> list:
+    """One table row. Every value that came from the device or the inventory is a Text: printed
+    as it is (controls escaped), never read as markup."""
+    name, url = plain(r["name"]), plain(r["url"])
+    if r["health"] != "ok":
+        down = Text.assemble(("down", "red"), ": ", device_text(r.get("error", "")))
+        return [name, url, down, "", "", "", "", "", ""]
+    rts = ", ".join(f"{device_text(k)} {device_text(v)}" for k, v in r["runtimes"].items()) or "none"
+    health = Text.assemble(("ok", "green"), " (emulated)" if r.get("emulated") else "")
+    return [name, url, health, plain(r["arch"]), plain(r["cores"]), plain(f"{r['os']} / {r['kernel']}"),
+            plain(f"{r['cpu']}{_freq(r.get('max_freq_khz'))}, governor {r.get('governor')}"), plain(rts),
+            plain(r["fingerprint_key"])]
 
 
 def _table(rows) -> Table:
     t = Table("name", "url", "health", "arch", "cores", "OS / kernel", "CPU", "runtimes", "fingerprint")
     for r in rows:
-        if r["health"] != "ok":
-            t.add_row(r["name"], r["url"], f"[red]down[/]: {escape(r.get('error', ''))}", "", "", "", "", "", "")
-            continue
-        rts = ", ".join(f"{k} {v}" for k, v in r["runtimes"].items()) or "none"
-        freq = f" @ {max(r['max_freq_khz']) / 1e6:.2f} GHz" if r.get("max_freq_khz") else ""
-        t.add_row(r["name"], r["url"], "[green]ok[/]" + (" (emulated)" if r.get("emulated") else ""), r["arch"],
-                  str(r["cores"]), f"{r['os']} / {r['kernel']}", f"{r['cpu']}{freq}, governor {r.get('governor')}",
-                  rts, r["fingerprint_key"])
+        try:
+            cells = _cells(r)
+        except Exception as exc:  # noqa: BLE001 - a reply that cannot be shown is that device's problem only
+            cells = _cells({"name": r.get("name", "?"), "url": r.get("url", "?"), "health": "down",
+                            "error": f"malformed info from the device ({type(exc).__name__})"})
+        t.add_row(*cells)
     return t
 
 
@@ -76,7 +107,7 @@ def ls_cmd(inventory: Optional[str] = InvOpt, fmt: Format = FormatOpt,
             console.print(_table(rows))
         else:
             for r in rows:
-                console.print(f"{r['name']}\t{r['url']}", highlight=False)
+                console.print(Text.assemble(device_text(r["name"]), "\t", device_text(r["url"])), highlight=False)
     run_guarded(body)
 
 
@@ -95,7 +126,7 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
         spec = Inventory(inventory).add(name, url, key=key, known_hosts=known_hosts,
                                         trust_on_first_use=trust_on_first_use or None, workdir=workdir,
                                         python=python, native=native or None)
-        console.print(f"added {spec.name} ({spec.url})", highlight=False)
+        console.print(plain(f"added {spec.name} ({spec.url})"), highlight=False)
     run_guarded(body)
 
 
@@ -115,7 +146,7 @@ def rm_cmd(name: str, inventory: Optional[str] = InvOpt,
             finally:
                 client.close()
         inv.remove(name)
-        console.print(f"removed {name}", highlight=False)
+        console.print(plain(f"removed {name}"), highlight=False)
     run_guarded(body)
 
 

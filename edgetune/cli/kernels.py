@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from edgetune.cli.common import DbOpt, DeviceOpt, DimOpt, Format, FormatOpt, console, emit_json, err_console, run_guarded
+from edgetune.text import device_text, plain, safe
 
 
 def tune_kernels_cmd(
@@ -36,6 +37,7 @@ def tune_kernels_cmd(
 
 def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms, timeout, threads, max_tasks, db, fmt):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
     from edgetune.kernels.session import KernelSessionConfig, tune_kernels  # lazy: CLI start-up (imports numpy)
 
@@ -52,11 +54,14 @@ def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms,
     def on_event(ev):
         kind = ev["event"]
         if kind == "start":
-            if fmt != Format.json:
-                emu = f" [yellow](EMULATED: {ev['emulated']}; timings are not the real chip's)[/]" if ev["emulated"] else ""
-                err_console.print(f"{ev['device']}: run {ev['run_id']}: {ev['workloads']} workload(s){emu}", highlight=False)
+            if fmt != Format.json:  # device name, emulation note, workload names: data, never markup
+                line = Text(device_text(f"{ev['device']}: run {ev['run_id']}: {ev['workloads']} workload(s)"))
+                if ev["emulated"]:
+                    line.append(device_text(f" (EMULATED: {ev['emulated']}; timings are not the real chip's)"),
+                                style="yellow")
+                err_console.print(line, highlight=False)
         elif kind == "workload":
-            tasks[ev["name"]] = progress.add_task("", total=max(1, ev["trials"]), name=ev["name"])
+            tasks[ev["name"]] = progress.add_task("", total=max(1, ev["trials"]), name=safe(ev["name"]))
         elif kind == "trial" and ev["name"] in tasks:
             progress.update(tasks[ev["name"]], completed=ev["done"],
                             description=f"best {ev['best_gflops']:.2f} GFLOP/s" if ev["best_gflops"] else "no verified kernel yet")
@@ -68,7 +73,7 @@ def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms,
                 progress.update(tasks[ev["name"]], completed=progress.tasks[tasks[ev["name"]]].total)
             if log_lines:
                 best = f"{r.gflops:.2f} GFLOP/s" if r.gflops else f"no verified kernel ({r.reason})"
-                err_console.print(f"  {r.name}: {r.trials_measured} measured, {r.reused_records} reused, {best}",
+                err_console.print(plain(f"  {r.name}: {r.trials_measured} measured, {r.reused_records} reused, {best}"),
                                   highlight=False)
 
     with progress:
@@ -83,6 +88,7 @@ def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms,
 
 def _print_table(outcome) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     emu = bool(outcome.emulated)
     fp = outcome.fingerprint
@@ -91,7 +97,7 @@ def _print_table(outcome) -> None:
              + (f", EMULATED: {outcome.emulated}" if emu else "") + f") — {peak} — run {outcome.run_id}")
     tag = " (emulated)" if emu else ""
     t = Table("workload", f"GFLOP/s{tag}", f"median{tag}", "% peak", "trials", "reused", "tune s", "verified",
-              f"baseline forms GFLOP/s{tag}", "vs strongest baseline [95% CI]", title=title)
+              f"baseline forms GFLOP/s{tag}", "vs strongest baseline [95% CI]", title=plain(title))
     for r in outcome.results:
         b = r.baseline
         if b and b.get("speedup"):
@@ -103,22 +109,26 @@ def _print_table(outcome) -> None:
             vs = "—"
         forms = "; ".join(f"{f['form']}{'*' if f.get('strongest') else ''} {f['gflops']:.2f}" if f.get("gflops")
                           else f"{f['form']} {f['status']}" for f in (b or {}).get("forms", []))
-        t.add_row(r.name, f"{r.gflops:.2f}" if r.gflops else "—", _fmt_ns(r.median_ns),
+        # names, reasons, forms and verdicts may quote the device: Text cells, never markup
+        t.add_row(plain(r.name), f"{r.gflops:.2f}" if r.gflops else "—", _fmt_ns(r.median_ns),
                   f"{r.peak_pct:.1f}%" if r.peak_pct is not None else "—",
                   f"{r.trials_measured}" + (f" ({r.trials_failed} failed)" if r.trials_failed else ""),
                   str(r.reused_records), f"{r.tuning_s:.1f}",
-                  "[green]yes[/]" if r.verified else f"[red]no[/] {r.reason[:80]}", forms or "—", vs)
+                  Text("yes", style="green") if r.verified
+                  else Text.assemble(("no", "red"), " ", device_text(r.reason, 80)),
+                  plain(forms or "—"), plain(vs))
     console.print(t)
     notes = [f"  {r.name}: {f['form']} {f['status']}: {f['reason']}" for r in outcome.results
              for f in (r.baseline or {}).get("forms", []) if f["status"] != "verified"]
     notes += [f"  {r.name}: reference {r.reference}" for r in outcome.results if "not independent" in r.reference]
     if notes:
-        console.print("\n".join(["baseline forms not used / references:"] + notes), highlight=False, markup=False)
+        console.print("\n".join(["baseline forms not used / references:"] + [device_text(n) for n in notes]),
+                      highlight=False, markup=False)
     if any(r.baseline and r.baseline.get("forms") for r in outcome.results):
         console.print("* the strongest verified baseline form (lowest median over the final rounds): the verdict "
                       "is against it (t interval on per-round log ratios; no verdict below 3 rounds)", highlight=False)
-    console.print(f"tuning records: {outcome.tuning_dir} (device {outcome.fingerprint_key}); results: {outcome.db_path}",
-                  highlight=False)
+    console.print(plain(f"tuning records: {outcome.tuning_dir} (device {outcome.fingerprint_key}); "
+                        f"results: {outcome.db_path}"), highlight=False)
 
 
 def _fmt_ns(ns) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from edgetune.report import fmt_err, fmt_ms, fmt_speedup
 from edgetune.results import RunSummary
+from edgetune.text import device_text, plain
 
 
 def run_tables(summary: RunSummary) -> list[Table]:
@@ -16,23 +17,26 @@ def run_tables(summary: RunSummary) -> list[Table]:
     fp = summary.fingerprint
     for s in summary.shapes:
         shape = " ".join(f"{k}={v}" for k, v in s.shape.items()) or s.shape_key
-        t = Table(title=escape(f"{Path(summary.model_path).name} on {summary.device} ({fp.get('cpu_model')}, "
-                               f"{fp.get('cores')} cores{', EMULATED' if summary.emulated else ''}) — {shape}"),
+        # the fingerprint, reasons and labels come from the device or a user's adapter: Text, never markup
+        t = Table(title=plain(f"{Path(summary.model_path).name} on {summary.device} ({fp.get('cpu_model')}, "
+                              f"{fp.get('cores')} cores{', EMULATED' if summary.emulated else ''}) — {shape}"),
                   title_justify="left")
         for col in ("candidate", "key", "status", "median ms", "95% CI ms", "CV", "n", "max rel err",
                     "speedup vs default [95% CI]"):
             t.add_column(col, overflow="fold")
         for c in s.candidates:
             best = c.candidate.key() == s.best_key
-            label = escape(("★ " if best else "") + c.candidate.label())
-            status = ("[green]verified[/]" if c.status == "verified" else f"[red]failed[/]: {escape(c.reason)}")
+            label = plain(("★ " if best else "") + c.candidate.label())
+            status = (Text("verified", style="green") if c.status == "verified"
+                      else Text.assemble(("failed", "red"), ": ", device_text(c.reason)))
             if c.status == "verified" and c.phase == "screened":
-                status += " (screened)"
+                status.append(" (screened)")
+            key = plain(c.candidate.key())
             if c.stats:
-                t.add_row(label, c.candidate.key(), status, fmt_ms(c.stats.median_ns),
+                t.add_row(label, key, status, fmt_ms(c.stats.median_ns),
                           f"{fmt_ms(c.stats.ci_low_ns)}–{fmt_ms(c.stats.ci_high_ns)}", f"{c.stats.cv:.2f}",
                           str(c.stats.n), fmt_err(c), fmt_speedup(c, summary.emulated))
             else:
-                t.add_row(label, c.candidate.key(), status, "—", "—", "—", "0", fmt_err(c), "—")
+                t.add_row(label, key, status, "—", "—", "—", "0", fmt_err(c), "—")
         tables.append(t)
     return tables

@@ -7,10 +7,12 @@ from typing import List, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 from edgetune.cli.common import (DbOpt, DimOpt, Format, FormatOpt, console, emit_json, err_console, reproducing_command,
                                  run_guarded)
 from edgetune.errors import UserInputError
+from edgetune.text import device_text, plain, safe
 
 
 def tune_cmd(
@@ -64,6 +66,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
                      max_candidates=max_candidates, fresh=fresh, extra=extra, tvm_trials=tvm_trials)
 
+    # task fields and descriptions are formatted into markup: device names and candidate labels go in safe()
     progress = Progress(TextColumn("[bold]{task.fields[device]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                         TextColumn("{task.description}", style="dim"), console=err_console,
@@ -75,29 +78,30 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     def on_event(ev):
         d = ev.get("device", "")
         if ev["event"] == "start":
-            tasks[d] = progress.add_task(f"run {ev['run_id']}" + (" (resuming)" if ev["resumed"] else ""),
-                                         total=ev["total_jobs"], device=d)
+            tasks[d] = progress.add_task(safe(f"run {ev['run_id']}" + (" (resuming)" if ev["resumed"] else "")),
+                                         total=ev["total_jobs"], device=safe(d))
             if log_lines:
-                err_console.print(f"{d}: run {ev['run_id']}{' (resuming)' if ev['resumed'] else ''}: "
-                                  f"{ev['candidates']} candidates × {ev['points']} shapes")
+                err_console.print(plain(f"{d}: run {ev['run_id']}{' (resuming)' if ev['resumed'] else ''}: "
+                                        f"{ev['candidates']} candidates × {ev['points']} shapes"), highlight=False)
         elif ev["event"] in ("job", "skip") and d in tasks:
             progress.advance(tasks[d])
             if ev["event"] == "job":
                 med = f"{ev['median_ms']:.4f} ms" if ev.get("median_ms") is not None else ""
-                progress.update(tasks[d], description=f"{ev['shape']} {_round_label(ev)} {ev['candidate']} {ev['status']} {med}")
+                progress.update(tasks[d], description=safe(f"{ev['shape']} {_round_label(ev)} {ev['candidate']} "
+                                                           f"{ev['status']} {med}"))
                 if log_lines and ev["status"] != "verified":
-                    err_console.print(f"{d}: {ev['shape']} {ev['candidate']}: {ev['status']}: {ev['reason']}",
+                    err_console.print(plain(f"{d}: {ev['shape']} {ev['candidate']}: {ev['status']}: {ev['reason']}"),
                                       highlight=False)
         elif ev["event"] == "build" and d in tasks:
             best = f", best {ev['best_gflops']:.1f} GFLOP/s" if ev.get("best_gflops") else ""
-            progress.update(tasks[d], description=f"{ev['shape']} tuning {ev['candidate']}: {ev['kernel']} "
-                                                  f"trial {ev['trials']}{best}")
+            progress.update(tasks[d], description=safe(f"{ev['shape']} tuning {ev['candidate']}: {ev['kernel']} "
+                                                       f"trial {ev['trials']}{best}"))
             if log_lines and building.get(d) != (ev["candidate"], ev["kernel"]):
                 building[d] = (ev["candidate"], ev["kernel"])
-                err_console.print(f"{d}: {ev['shape']} tuning {ev['candidate']}: kernel {ev['kernel']}", highlight=False,
-                                  soft_wrap=True)
+                err_console.print(plain(f"{d}: {ev['shape']} tuning {ev['candidate']}: kernel {ev['kernel']}"),
+                                  highlight=False, soft_wrap=True)
         elif ev["event"] in ("retry", "down"):
-            err_console.print(f"[yellow]{d}: {ev['event']}: {ev.get('error')}[/]", highlight=False)
+            err_console.print(plain(f"{d}: {ev['event']}: {ev.get('error')}", style="yellow"), highlight=False)
 
     with progress:
         outcome = tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=cfg,
@@ -116,11 +120,14 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                     console.print(t)
             note = f" (resumed: {d.jobs_skipped} jobs already recorded)" if d.jobs_skipped else ""
             if d.status != "complete":
-                console.print(f"[red]{d.device}: down: {d.error}[/]{note}", highlight=False)
+                console.print(Text.assemble((device_text(f"{d.device}: down: {d.error}"), "red"), note),
+                              highlight=False)
             else:
-                console.print(f"{d.device}: run {d.run_id} complete, {d.jobs_run} jobs run{note}", highlight=False)
+                console.print(plain(f"{d.device}: run {d.run_id} complete, {d.jobs_run} jobs run{note}"),
+                              highlight=False)
         if report_dir is not None:
-            console.print(f"report written to {report_dir}/report.md, report.json and report.html")
+            console.print(plain(f"report written to {report_dir}/report.md, report.json and report.html"),
+                          highlight=False)
     if any(d.status != "complete" for d in outcome.devices):
         raise typer.Exit(3)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from edgetune.cli.common import DbOpt, DeviceOpt, DimOpt, Format, FormatOpt, console, emit_json, run_guarded
+from edgetune.text import device_text
 
 
 def verify_cmd(
@@ -37,14 +38,16 @@ def _verify(model, config, device, dims, inputs, db, fmt, seed=None):
     else:
         replay = "" if res["seed_source"] == "given" else f" (replay: --seed {res['seed']})"
         console.print(f"inputs from {res['seed_source']} seed {res['seed']}{replay}", highlight=False)
-        what = escape(f"{res['label']} [{res['candidate']['key']}] on {res['device']}")
+        # the label (a user's adapter), the checks and the reason (the device) are data, never markup
+        what = f"{res['label']} [{res['candidate']['key']}] on {res['device']}"
         for s in res["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items())
             if s["ok"]:
-                console.print(f"[green]verified[/] {what} {shape}: "
-                              f"max abs err {s['max_abs_err']:.2e}, max rel err {s['max_rel_err']:.2e} "
-                              + escape(f"(tolerance {s['tolerance']:.0e}); {'; '.join(s['checks'])}"), highlight=False)
+                line = (f"{what} {shape}: max abs err {s['max_abs_err']:.2e}, max rel err {s['max_rel_err']:.2e} "
+                        f"(tolerance {s['tolerance']:.0e}); {'; '.join(map(str, s['checks']))}")
+                console.print(Text.assemble(("verified", "green"), " ", device_text(line)), highlight=False)
             else:
-                console.print(f"[red]FAILED[/] {what} {shape}: " + escape(str(s["reason"])), highlight=False)
+                line = f"{what} {shape}: {s['reason']}"
+                console.print(Text.assemble(("FAILED", "red"), " ", device_text(line)), highlight=False)
     if not res["ok"]:
         raise typer.Exit(1)

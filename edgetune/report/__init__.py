@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from edgetune.errors import UserInputError
 from edgetune.results import REPORT_SCHEMA, CandidateSummary, RunSummary
+from edgetune.text import md_code, md_text
 
 
 def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def recorded_command(run: dict[str, Any]) -> str | None:
 def command_text(run: dict[str, Any]) -> str:
     """The reproducing command as Markdown code, or a plain statement that none was recorded."""
     cmd = recorded_command(run)
-    return f"`{cmd}`" if cmd else NO_COMMAND
+    return md_code(cmd) if cmd else NO_COMMAND
 
 
 def fmt_ms(ns: float) -> str:
@@ -100,18 +101,23 @@ def fmt_err(c: CandidateSummary) -> str:
 
 
 def markdown(rep: dict[str, Any]) -> str:
-    out = ["# edgetune report", "", f"schema `{rep['schema']}`, generated {rep['generated']}", ""]
+    # what the device said (fingerprint, reasons), labels of users' adapters, paths and commands from
+    # the database: md_text (escaped, never links or HTML) or md_code, never pasted as Markdown
+    t = md_text
+    out = ["# edgetune report", "", f"schema {md_code(rep['schema'])}, generated {t(rep['generated'])}", ""]
     for run in rep["runs"]:
         fp = run["fingerprint"]
-        out += [f"## {Path(run['model']).name} on `{run['device']}`", "",
-                f"- device fingerprint `{run['fingerprint_key']}`: {fp.get('cpu_model')}, {fp.get('cores')} cores, "
-                f"{fp.get('arch', '')}, kernel {fp.get('kernel')}, {fp.get('os')}, governor {fp.get('governor')}"
-                + (f", **emulated ({fp.get('emulated')}): timings are not comparable**" if run["emulated"] else ""),
-                f"- versions: `{json.dumps(run['versions'], sort_keys=True)}`",
-                f"- model sha256 `{run['model_sha256'][:16]}…`, run `{run['run_id']}` ({run['status']})",
+        out += [f"## {t(Path(run['model']).name)} on {md_code(run['device'])}", "",
+                f"- device fingerprint {md_code(run['fingerprint_key'])}: {t(fp.get('cpu_model'))}, "
+                f"{t(fp.get('cores'))} cores, {t(fp.get('arch', ''))}, kernel {t(fp.get('kernel'))}, "
+                f"{t(fp.get('os'))}, governor {t(fp.get('governor'))}"
+                + (f", **emulated ({t(fp.get('emulated'))}): timings are not comparable**" if run["emulated"] else ""),
+                f"- versions: {md_code(json.dumps(run['versions'], sort_keys=True))}",
+                f"- model sha256 {md_code(str(run['model_sha256'])[:16] + '…')}, run {md_code(run['run_id'])} "
+                f"({t(run['status'])})",
                 f"- command: {command_text(run)}", ""]
         for s in run["shapes"]:
-            shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
+            shape = t(" ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"])
             out += [f"### {shape}", "",
                     "| candidate | key | status | phase | median ms | 95% CI ms | p10–p90 ms | CV | n | max rel err | speedup vs default [95% CI] |",
                     "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -120,32 +126,34 @@ def markdown(rep: dict[str, Any]) -> str:
                 sp = c["speedup_vs_default"]
                 sp_txt = (f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] {sp['verdict']}"
                           if sp else "—")
-                status = c["status"] + (f": {c['reason']}" if c["reason"] else "")
+                status = t(c["status"] + (f": {c['reason']}" if c["reason"] else ""))
                 mark = " **best**" if c["candidate"]["key"] == s["best"] else ""
+                # GFM: a | inside a table cell's code span is written \|
+                label, key, phase = t(c["label"]), md_code(c["candidate"]["key"]).replace("|", "\\|"), t(c["phase"])
                 if st:
-                    out.append(f"| {c['label']}{mark} | `{c['candidate']['key']}` | {status} | {c['phase']} | "
+                    out.append(f"| {label}{mark} | {key} | {status} | {phase} | "
                                f"{st['median_ms']:.4f} | {st['ci95_ms'][0]:.4f}–{st['ci95_ms'][1]:.4f} | "
-                               f"{st['p10_ms']:.4f}–{st['p90_ms']:.4f} | {st['cv']:.2f} | {st['n']} | "
+                               f"{st['p10_ms']:.4f}–{st['p90_ms']:.4f} | {st['cv']:.2f} | {t(st['n'])} | "
                                f"{c['max_rel_err'] if c['max_rel_err'] is None else format(c['max_rel_err'], '.1e')} | {sp_txt} |")
                 else:
-                    out.append(f"| {c['label']} | `{c['candidate']['key']}` | {status} | {c['phase']} | — | — | — | — | 0 | — | — |")
+                    out.append(f"| {label} | {key} | {status} | {phase} | — | — | — | — | 0 | — | — |")
             out.append("")
     if len({r["device"] for r in rep["runs"]}) > 1:
         out += ["## Devices side by side", "", "| device | shape | best configuration | median ms | 95% CI ms | speedup vs default |",
                 "|---|---|---|---|---|---|"]
         for row in rep["comparison"]:
-            shape = " ".join(f"{k}={v}" for k, v in row["shape"].items())
+            shape = t(" ".join(f"{k}={v}" for k, v in row["shape"].items()))
             if row.get("best") is None:
-                out.append(f"| {row['device']} | {shape} | none verified | — | — | — |")
+                out.append(f"| {t(row['device'])} | {shape} | none verified | — | — | — |")
                 continue
             sp = row["speedup_vs_default"]
             emu = " (emulated)" if row["emulated"] else ""
-            out.append(f"| {row['device']}{emu} | {shape} | {row['best']} | {row['median_ms']:.4f} | "
+            out.append(f"| {t(row['device'])}{emu} | {shape} | {t(row['best'])} | {row['median_ms']:.4f} | "
                        f"{row['ci95_ms'][0]:.4f}–{row['ci95_ms'][1]:.4f} | "
                        + (f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}]" if sp else "—") + " |")
         out.append("")
     for d in rep.get("devices_down", []):
-        out.append(f"- device `{d['device']}` went down: {d['error']}")
+        out.append(f"- device {md_code(d['device'])} went down: {t(d['error'])}")
     return "\n".join(out) + "\n"
 
 

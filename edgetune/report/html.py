@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.report import NO_COMMAND, recorded_command
+from edgetune.text import html_text
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}
@@ -31,7 +32,7 @@ def _chart(shape: dict[str, Any]) -> str:
         med, (lo, up) = c["stats"]["median_ms"], c["stats"]["ci95_ms"]
         x = lambda v: left + width * v / hi  # noqa: E731
         color = "#2a7" if c["candidate"]["key"] == shape["best"] else ("#68a" if c["candidate"]["baseline"] else "#99b")
-        label = html.escape(c["label"][:66])
+        label = html_text(c["label"], 66)
         out.append(f'<text x="{left - 6}" y="{y + bar_h - 3}" text-anchor="end">{label}</text>')
         out.append(f'<rect x="{left}" y="{y}" width="{max(1.0, x(med) - left):.1f}" height="{bar_h}" fill="{color}"/>')
         out.append(f'<line x1="{x(lo):.1f}" x2="{x(up):.1f}" y1="{y + bar_h / 2}" y2="{y + bar_h / 2}" '
@@ -44,11 +45,15 @@ def _chart(shape: dict[str, Any]) -> str:
 
 def command_html(run: dict[str, Any]) -> str:
     cmd = recorded_command(run)
-    return f"<code>{html.escape(cmd)}</code>" if cmd else html.escape(NO_COMMAND)
+    return f"<code>{html_text(cmd)}</code>" if cmd else html.escape(NO_COMMAND)
 
 
 def render(rep: dict[str, Any]) -> str:
-    e = html.escape
+    # every string from the report (device text, labels, paths, commands from the database) goes
+    # through e: controls and bidi overrides escaped, then HTML-escaped
+    def e(value: Any) -> str:
+        return html_text(value)
+
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>edgetune report</title><style>{_CSS}</style>"
              f"</head><body><h1>edgetune report</h1><p class='meta'>schema <code>{e(rep['schema'])}</code>, generated "
              f"{e(rep['generated'])}. Bars: median latency; whiskers: 95% CI; green: best verified; "
@@ -57,9 +62,9 @@ def render(rep: dict[str, Any]) -> str:
         fp = run["fingerprint"]
         emu = " — <b>emulated: timings not comparable</b>" if run["emulated"] else ""
         parts.append(f"<h2>{e(Path(run['model']).name)} on <code>{e(run['device'])}</code></h2>"
-                     f"<p class='meta'>fingerprint <code>{e(run['fingerprint_key'])}</code>: {e(str(fp.get('cpu_model')))}, "
-                     f"{e(str(fp.get('cores')))} cores, {e(str(fp.get('arch', '')))}, kernel {e(str(fp.get('kernel')))}, "
-                     f"{e(str(fp.get('os')))}{emu}<br>versions <code>{e(json.dumps(run['versions'], sort_keys=True))}</code>"
+                     f"<p class='meta'>fingerprint <code>{e(run['fingerprint_key'])}</code>: {e(fp.get('cpu_model'))}, "
+                     f"{e(fp.get('cores'))} cores, {e(fp.get('arch', ''))}, kernel {e(fp.get('kernel'))}, "
+                     f"{e(fp.get('os'))}{emu}<br>versions <code>{e(json.dumps(run['versions'], sort_keys=True))}</code>"
                      f"<br>command {command_html(run)}, run <code>{e(run['run_id'])}</code></p>")
         for s in run["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
@@ -69,16 +74,17 @@ def render(rep: dict[str, Any]) -> str:
             for c in s["candidates"]:
                 st, sp = c["stats"], c["speedup_vs_default"]
                 cls = "best" if c["candidate"]["key"] == s["best"] else ("failed" if c["status"] != "verified" else "")
+                key = e(c["candidate"]["key"])
                 status = e(c["status"] + (f": {c['reason']}" if c["reason"] else ""))
                 err = "—" if c["max_rel_err"] is None else f"{c['max_rel_err']:.1e}"
                 spt = f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] {e(sp['verdict'])}" if sp else "—"
                 if st:
-                    parts.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td><code>{c['candidate']['key']}</code></td>"
+                    parts.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td><code>{key}</code></td>"
                                  f"<td>{status}</td><td>{st['median_ms']:.4f}</td><td>{st['ci95_ms'][0]:.4f}–"
-                                 f"{st['ci95_ms'][1]:.4f}</td><td>{st['cv']:.2f}</td><td>{st['n']}</td><td>{err}</td>"
+                                 f"{st['ci95_ms'][1]:.4f}</td><td>{st['cv']:.2f}</td><td>{e(st['n'])}</td><td>{err}</td>"
                                  f"<td>{spt}</td></tr>")
                 else:
-                    parts.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td><code>{c['candidate']['key']}</code></td>"
+                    parts.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td><code>{key}</code></td>"
                                  f"<td>{status}</td><td>—</td><td>—</td><td>—</td><td>0</td><td>{err}</td><td>—</td></tr>")
             parts.append("</table>")
     for d in rep.get("devices_down", []):

@@ -147,7 +147,8 @@ def test_bad_limit_values(tiny_model, monkeypatch, value):
 def test_deadline(tiny_model):
     m = load_model(tiny_model)
     passed = Deadline(time.monotonic() - 1, 30.0)
-    with pytest.raises(UserInputError, match=r"host-side work on the model \(inputs\) exceeded the tuning budget of 30s"):
+    with pytest.raises(UserInputError,
+                       match=r"host-side work on the model \(inputs\) exceeded the tuning budget of 30s"):
         build_workload(m, {"batch": 2}, deadline=passed)
     wl = build_workload(m, {"batch": 2})
     with pytest.raises(UserInputError, match=r"\(references\) exceeded the tuning budget of 30s"):

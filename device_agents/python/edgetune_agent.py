@@ -1,22 +1,29 @@
 #!/usr/bin/env python3
-"""edgetune device agent (Python), protocol 2 — see device_agents/PROTOCOL.md.
+"""edgetune device agent (Python), protocol 3 — see device_agents/PROTOCOL.md.
 
 Runs ON the device. Standard library + numpy + whichever runtime the job names (onnxruntime,
 ai_edge_litert / tflite_runtime, tvm). It never sees a reference output: it runs, times and returns
-raw outputs; the host decides whether they are right.
+raw outputs; the host decides whether they are right. ``run-stdio`` runs the job in a worker
+process under a supervisor that bounds its memory, processes, time and output (PROTOCOL.md
+"The supervisor").
 """
 
+import errno
 import hashlib
 import json
 import os
 import platform
+import re
+import signal
+import stat
 import sys
 import time
 
-PROTOCOL = 2
+PROTOCOL = 3
 AGENT = "python"
-AGENT_VERSION = "2.0.0"
+AGENT_VERSION = "2.1.0"
 M64 = (1 << 64) - 1
+_WORKER_PID = None  # the process running the job: a candidate's forked child never writes its files
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -371,7 +378,15 @@ def _path(jobdir, p):
     return p if os.path.isabs(p) else os.path.normpath(os.path.join(jobdir, p))
 
 
+def _only_the_worker():
+    """A process a candidate forked that unwinds or returns into the agent's code stops here,
+    before it can write a file of the job (the job's own process goes on)."""
+    if _WORKER_PID is not None and os.getpid() != _WORKER_PID:
+        os._exit(0)
+
+
 def _write_json_atomic(path, obj):
+    _only_the_worker()
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f)
@@ -466,8 +481,71 @@ class Fastest:
 def _save(jobdir, name, arr):
     import numpy as np
 
+    _only_the_worker()
     np.save(os.path.join(jobdir, name), arr, allow_pickle=False)
     return name
+
+
+# -------------------------------------------------------------------------------------- limits
+def request_limits(req):
+    """The bounds of a request (PROTOCOL.md "limits"): memory_mb, max_procs, timeout_s and
+    max_bundle_bytes, None where absent or null (no bound of that kind); ValueError when malformed."""
+    lim = req.get("limits")
+    if lim is None:
+        lim = {}
+    if not isinstance(lim, dict):
+        raise ValueError("limits must be an object")
+
+    def bound(value, what, integer):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf") \
+                or (integer and value != int(value)):
+            raise ValueError("%s must be a positive %s or null" % (what, "integer" if integer else "number"))
+        return int(value) if integer else float(value)
+
+    return {"memory_mb": bound(lim.get("memory_mb"), "limits.memory_mb", True),
+            "max_procs": bound(lim.get("max_procs"), "limits.max_procs", True),
+            "timeout_s": bound(lim.get("timeout_s"), "limits.timeout_s", False),
+            "max_bundle_bytes": bound(req.get("max_bundle_bytes"), "max_bundle_bytes", True)}
+
+
+# what allocators and runtimes say when an allocation was refused (numpy, onnxruntime, C++, libc)
+_ALLOCATION_REFUSED = ("memoryerror", "bad_alloc", "bad allocation", "failed to allocate", "unable to allocate",
+                       "cannot allocate", "out of memory")
+
+
+def _resident_mb(pid="self"):
+    raw = _read_bytes("/proc/%s/statm" % pid, 256)
+    try:
+        return int(raw.split()[1]) * PAGE / 2**20
+    except (AttributeError, IndexError, ValueError):
+        return None
+
+
+def limit_hit(exc, what, limits):
+    """(limit, reason) when a failure is the job running into one of its bounds — an allocation
+    refused under RLIMIT_DATA or the memory cgroup, a fork refused under the pids cgroup — else None."""
+    if limits.get("memory_mb") and (isinstance(exc, MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM
+                                    or any(w in what.lower() for w in _ALLOCATION_REFUSED)):
+        rss = _resident_mb()
+        return "memory", "out of memory: %s (limit %d MB; this process %s MB resident)" % (
+            what, limits["memory_mb"], "?" if rss is None else "%.1f" % rss)
+    if limits.get("max_procs") and isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
+        return "processes", "too many processes: %s (limit %d processes)" % (what, limits["max_procs"])
+    return None
+
+
+def failed(result, stage, exc, limits):
+    """The job's result after an exception: a bound it ran into is named as such (``limit``)."""
+    msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    what = "%s: %s" % (type(exc).__name__, msg)
+    hit = limit_hit(exc, what, limits)
+    if hit:
+        result["limit"], result["reason"] = hit
+    else:
+        result["reason"] = "%s: %s" % (stage, what)
+    return result
 
 
 def run_job(jobdir, req):
@@ -478,6 +556,11 @@ def run_job(jobdir, req):
               "runtime_versions": {}, "device_state": device_state()}
     if req.get("protocol") != PROTOCOL:
         result["reason"] = "unsupported protocol %r (agent speaks %d)" % (req.get("protocol"), PROTOCOL)
+        return result
+    try:
+        limits = request_limits(req)
+    except ValueError as exc:
+        result["reason"] = "bad request: %s" % exc
         return result
     backend_name = req["backend"]
     if backend_name not in BACKENDS:
@@ -503,7 +586,10 @@ def run_job(jobdir, req):
         extra["adapter_path"] = artifact
 
     # the host's input sets stay with the agent; the candidate only ever sees the work buffers
-    input_sets = [[np.load(_path(jobdir, f), allow_pickle=False) for f in files] for files in req["inputs"]]
+    try:
+        input_sets = [[np.load(_path(jobdir, f), allow_pickle=False) for f in files] for files in req["inputs"]]
+    except Exception as exc:  # unreadable, or more than the memory bound allows
+        return failed(result, "cannot load the inputs", exc, limits)
     result["input_sha256_before"] = [sha256_array(a) for s in input_sets for a in s]
     work = [np.empty_like(a) for a in input_sets[0]]
     params = req.get("params", {})
@@ -517,9 +603,7 @@ def run_job(jobdir, req):
     try:
         backend = BACKENDS[backend_name](model_path, params, req["input_names"], req["outputs"], **extra)
     except Exception as exc:
-        result["reason"] = "load failed: %s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[0][:300]
-                                                      if str(exc).strip() else "")
-        return result
+        return failed(result, "load failed", exc, limits)
     result["load_ms"] = (time.perf_counter_ns() - t0) / 1e6
     result["input_check"] = getattr(backend, "input_check", "agent copy")
 
@@ -624,53 +708,834 @@ def run_job(jobdir, req):
             result["late_change"] = None
 
     except Exception as exc:
-        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        result["reason"] = "run failed: %s: %s" % (type(exc).__name__, msg)
-        return result
+        return failed(result, "run failed", exc, limits)
     result["device_state_after"] = device_state()
     result["status"] = "ok"
     return result
 
 
 def cmd_run(jobdir):
-    with open(os.path.join(jobdir, "request.json")) as f:
-        req = json.load(f)
-    result = run_job(jobdir, req)
+    """Run JOBDIR/request.json, write the outputs and JOBDIR/result.json (no supervisor)."""
+    global _WORKER_PID
+    _WORKER_PID = os.getpid()
+    result = {"protocol": PROTOCOL, "status": "error", "reason": "", "agent": AGENT, "agent_version": AGENT_VERSION}
+    try:
+        with open(os.path.join(jobdir, "request.json"), "rb") as f:
+            req = json.loads(f.read().decode("utf-8"))
+        if not isinstance(req, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as exc:
+        result["reason"] = "bad request.json: %s" % exc
+    else:
+        result = run_job(jobdir, req)
     _write_json_atomic(os.path.join(jobdir, "result.json"), result)
     return 0
 
 
+# ---------------------------------------------------------------------------------- supervisor
+# run-stdio runs the job in a worker process and watches it from here (PROTOCOL.md "The supervisor").
+# Every POLL_S the supervisor reaps, checks the deadline and looks at the job's processes: from
+# its cgroups when it has them (cgroup.procs and the OOM counter: two small reads), else from
+# /proc (a directory listing; only processes new since the last look are read, by their ppid)
+# and the statm of each of the job's processes. 10 ms bounds how far past a bound a job gets (a
+# deadline by 10 ms, a hog by what it can fault in in 10 ms, ~20-40 MB) while the supervisor
+# sleeps nearly all the time: a timed call is interrupted at most once per 10 ms, for tens of
+# microseconds, and only where supervisor and candidate share a core. When a look costs more (a
+# large tree, a slow board) the supervisor sleeps 50 times as long as it worked, up to
+# POLL_MAX_S: it never takes more than ~2% of one core from the candidate.
+POLL_S = 0.010
+POLL_MAX_S = 0.1
+WORK_FACTOR = 50
+RESCAN_S = 1.0  # every process in /proc is read again this often (a pid reused since the last look)
+PSS_EVERY_S = 0.2  # the costlier PSS confirmation of a tree over its memory bound, at most this often
+SWEEP_GIVE_UP_S = 10.0  # a process that survives SIGKILL this long is in the kernel (D state): reported
+LOG_NAME = "agent.log"  # the worker's stdout and stderr (relayed, its tail only, to the agent's stderr)
+LOG_TAIL = 8192
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+BUNDLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,123}\.npy$")  # the host's file-name rule, .npy only
+
+
+def data_limit_bytes(memory_mb):
+    """RLIMIT_DATA of the worker: a per-process backstop, not the bound itself. It counts writable
+    memory reserved but never touched (8 MB per thread stack, allocator arenas, BLAS buffers: numpy
+    alone reserves ~115 MB for ~47 MB resident, onnxruntime with 8 threads 179 MB for 78 MB), so at
+    memory_mb it would refuse honest runtimes; the bound on resident memory is the cgroup or the poll.
+    RLIMIT_AS (every mapping, even PROT_NONE reservations: 740 MB for that onnxruntime) is worse."""
+    return (2 * memory_mb + 256) << 20
+
+
+def pids_cgroup_max(max_procs):
+    """pids.max counts threads too: room for every process's runtime threads above max_procs, which
+    the poll enforces on processes alone. The cgroup is the backstop that stops a fork bomb between polls."""
+    return max_procs + 64 + 16 * (os.cpu_count() or 1)
+
+
+def _read_bytes(path, limit=65536):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _write_text(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def proc_table():
+    """pid -> (ppid, state) of every process in /proc."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        raw = _read_bytes("/proc/%s/stat" % name, 1024)
+        if not raw:
+            continue
+        rest = raw[raw.rfind(b")") + 2:].split(None, 2)  # the name may hold ") "
+        if len(rest) >= 2:
+            out[int(name)] = (int(rest[1]), rest[0])
+    return out
+
+
+class Tree:
+    """The job's processes (the supervisor's descendants) by ppid links in /proc, kept up to date
+    cheaply: a process that is not the job's when first seen never becomes the job's (orphans go
+    to the supervisor, a subreaper), so only processes new since the last look are read."""
+
+    def __init__(self, root):
+        self.root = root
+        self.members = set()
+        self.foreign = set()
+        self.next_rescan = 0.0
+
+    def refresh(self, now, stop=None):
+        """The job's processes; past ``stop`` of them it stops reading and returns at once (a fork
+        bomb is stopped at its first step past the bound, not after the supervisor read the
+        thousands of processes it made meanwhile): then the set is incomplete."""
+        if now >= self.next_rescan:
+            self.foreign = set()
+            self.next_rescan = now + RESCAN_S
+        current = set(int(n) for n in os.listdir("/proc") if n.isdigit())
+        self.members &= current
+        self.foreign &= current
+        pending = {}
+        for pid in sorted(current - self.members - self.foreign - {self.root}):  # a parent mostly first
+            raw = _read_bytes("/proc/%d/stat" % pid, 1024)
+            if raw:
+                ppid = int(raw[raw.rfind(b")") + 2:].split(None, 2)[1])
+                if ppid == self.root or ppid in self.members:
+                    self.members.add(pid)
+                    if stop is not None and len(self.members) > stop:
+                        return self.members
+                else:
+                    pending[pid] = ppid
+        grew = True
+        while grew:  # a new process may be the child of another new one
+            grew = False
+            for pid, ppid in list(pending.items()):
+                if ppid == self.root or ppid in self.members:
+                    self.members.add(pid)
+                    del pending[pid]
+                    grew = True
+        self.foreign.update(pending)
+        return self.members
+
+
+def descendants(root, table):
+    """Live (not zombie) descendants of root, by ppid links."""
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            todo.append(c)
+            if table[c][1] != b"Z":
+                out.append(c)
+    return out
+
+
+def runs_this_job(pid, jobdir):
+    """Whether a process (of this user) runs this very job although it is not in the supervisor's
+    tree: without a subreaper (qemu-user refuses PR_SET_CHILD_SUBREAPER) an orphan of the job goes
+    to init, but a fork of the agent still shows its command line, which ends in "run-stdio" and the
+    job dir (unique per job). A process that execs or rewrites its argv escapes this."""
+    try:
+        if os.stat("/proc/%d" % pid).st_uid != os.getuid():
+            return False
+    except OSError:
+        return False
+    raw = _read_bytes("/proc/%d/cmdline" % pid, 8192) or b""
+    return raw.endswith(b"\0run-stdio\0" + os.fsencode(jobdir) + b"\0")
+
+
+def _pss_bytes(pid):
+    raw = _read_bytes("/proc/%d/smaps_rollup" % pid, 4096)
+    if raw is None:
+        return None
+    m = re.search(rb"\nPss:\s+(\d+) kB", b"\n" + raw)
+    return int(m.group(1)) << 10 if m else None
+
+
+def _prctl(option, arg):
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
+def signal_name(sig):
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return "signal %d" % sig
+
+
+class Cgroups:
+    """The job's own cgroups for memory and pids, where the device lets the agent make them: a
+    child of the agent's cgroup in a cgroup v2 hierarchy that has the controller (a delegated
+    subtree), else in a writable cgroup v1 hierarchy of that controller. Any step that fails
+    leaves that controller to the rlimit and the poll: a job never fails for want of a cgroup."""
+
+    def __init__(self, tag, memory_mb, max_procs):
+        self.dirs = {}  # controller -> (dir, version)
+        self._made = []
+        if os.environ.get("EDGETUNE_AGENT_CGROUP", "1") == "0":  # tests: the path phones without cgroups take
+            return
+        mounts, own = self._mounts(), self._own()
+        for ctl, value, files in (("memory", memory_mb, self._memory_files), ("pids", max_procs, self._pids_files)):
+            if value is None:
+                continue
+            try:
+                made = self._make(ctl, tag, mounts, own)
+                if made:
+                    for name, text, needed in files(*made, value=value):
+                        try:
+                            _write_text(os.path.join(made[0], name), text)
+                        except OSError:
+                            if needed:
+                                raise
+                    self.dirs[ctl] = made
+            except OSError:
+                pass
+        for d in list(self._made):
+            if not any(d == v[0] for v in self.dirs.values()):
+                self._rmdir(d)
+
+    @staticmethod
+    def _mounts():
+        out = []  # (fstype, mount point, root in the hierarchy, super options)
+        for line in (_read_bytes("/proc/self/mountinfo", 1 << 20) or b"").decode("utf-8", "replace").splitlines():
+            left, _, right = line.partition(" - ")
+            f, r = left.split(), right.split()
+            if len(f) >= 5 and len(r) >= 3 and r[0] in ("cgroup", "cgroup2"):
+                out.append((r[0], f[4], f[3], r[2].split(",")))
+        return out
+
+    @staticmethod
+    def _own():
+        out = {}  # controller ("" for v2) -> this process's cgroup path
+        for line in (_read_bytes("/proc/self/cgroup", 65536) or b"").decode("utf-8", "replace").splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3:
+                for c in (parts[1].split(",") if parts[1] else [""]):
+                    out[c] = parts[2]
+        return out
+
+    def _make(self, ctl, tag, mounts, own):
+        for fstype, mnt, root, opts in mounts:
+            path = own.get("" if fstype == "cgroup2" else ctl)
+            if path is None or (fstype == "cgroup" and ctl not in opts):
+                continue
+            rel = path[len(root):] if root != "/" and path.startswith(root) else path
+            base = os.path.join(mnt, rel.lstrip("/"))
+            if fstype == "cgroup2":
+                if ctl not in (_read_bytes(os.path.join(base, "cgroup.controllers")) or b"").decode().split():
+                    continue
+                if ctl not in (_read_bytes(os.path.join(base, "cgroup.subtree_control")) or b"").decode().split():
+                    _write_text(os.path.join(base, "cgroup.subtree_control"), "+" + ctl)
+            self._clean_stale(base)
+            d = os.path.join(base, "edgetune-" + tag)
+            if d not in self._made:
+                os.mkdir(d, 0o700)
+                self._made.append(d)
+            if os.path.exists(os.path.join(d, ctl + ".max" if fstype == "cgroup2" else ctl + (
+                    ".limit_in_bytes" if ctl == "memory" else ".max"))):
+                return d, 2 if fstype == "cgroup2" else 1
+        return None
+
+    @staticmethod
+    def _memory_files(d, version, value):
+        limit = str(value << 20)
+        if version == 2:  # swap off, and an OOM takes the whole job at once
+            return [("memory.max", limit, True), ("memory.swap.max", "0", False), ("memory.oom.group", "1", False)]
+        return [("memory.limit_in_bytes", limit, True), ("memory.memsw.limit_in_bytes", limit, False),
+                ("memory.swappiness", "0", False)]
+
+    @staticmethod
+    def _pids_files(d, version, value):
+        return [("pids.max", str(pids_cgroup_max(value)), True)]
+
+    def _clean_stale(self, base):
+        """Cgroups a killed supervisor left behind (its pid gone): their processes die here."""
+        try:
+            names = os.listdir(base)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith("edgetune-") and name[9:].isdigit() and not os.path.exists("/proc/" + name[9:]):
+                d = os.path.join(base, name)
+                for _ in range(100):
+                    pids = _pids_in(d)
+                    if not pids:
+                        break
+                    for p in pids:
+                        _kill(p)
+                    time.sleep(0.001)
+                self._rmdir(d)
+
+    def add(self, pid):
+        for ctl, (d, _) in list(self.dirs.items()):
+            try:
+                _write_text(os.path.join(d, "cgroup.procs"), str(pid))
+            except OSError:
+                del self.dirs[ctl]
+
+    def has(self, ctl):
+        return ctl in self.dirs
+
+    def procs(self):
+        """The job's processes (two v1 hierarchies hold the same ones: one is read)."""
+        if not self.dirs:
+            return set()
+        return set(_pids_in(self.dirs["pids" if "pids" in self.dirs else "memory"][0]))
+
+    def _memory_file(self, v1, v2):
+        d, version = self.dirs["memory"]
+        return _read_bytes(os.path.join(d, v2 if version == 2 else v1), 4096) or b""
+
+    def oom_kills(self):
+        """Processes of the job the kernel's OOM killer stopped in its memory cgroup (v1 kernels
+        before 4.13 have no counter: then the times the limit was hit)."""
+        if "memory" not in self.dirs:
+            return 0
+        m = re.search(rb"oom_kill (\d+)", self._memory_file("memory.oom_control", "memory.events"))
+        if m:
+            return int(m.group(1))
+        if self.dirs["memory"][1] == 1:
+            raw = self._memory_file("memory.failcnt", "")
+            return int(raw) if raw.strip().isdigit() else 0
+        return 0
+
+    def memory_bytes(self, peak=False):
+        if "memory" not in self.dirs:
+            return None
+        raw = self._memory_file("memory.max_usage_in_bytes" if peak else "memory.usage_in_bytes",
+                                "memory.peak" if peak else "memory.current")
+        return int(raw) if raw.strip().isdigit() else None
+
+    def kill_all(self):
+        for d, version in self.dirs.values():
+            if version == 2 and os.path.exists(os.path.join(d, "cgroup.kill")):
+                try:
+                    _write_text(os.path.join(d, "cgroup.kill"), "1")
+                except OSError:
+                    pass
+        for p in self.procs():
+            _kill(p)
+
+    def remove(self):
+        for d in self._made:
+            self._rmdir(d)
+        self._made = []
+
+    @staticmethod
+    def _rmdir(d):
+        for _ in range(200):  # a killed task leaves its cgroup a moment after it was reaped
+            try:
+                os.rmdir(d)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.001)
+
+
+def _pids_in(d):
+    raw = _read_bytes(os.path.join(d, "cgroup.procs"), 1 << 20) or b""
+    return [int(x) for x in raw.split() if x.isdigit()]
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _rlimit_data_takes():
+    """Whether RLIMIT_DATA binds here: qemu-user accepts it for a guest and ignores it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    probe = (1 << 60) if hard == resource.RLIM_INFINITY else hard - PAGE
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (probe, hard))
+        took = resource.getrlimit(resource.RLIMIT_DATA)[0] == probe
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+        return took
+    except (ValueError, OSError):
+        return False
+
+
+def _user_tasks():
+    """Tasks (threads) the real user has now: what RLIMIT_NPROC counts, across the whole device."""
+    me, n = os.getuid(), 0
+    for name in os.listdir("/proc"):
+        try:
+            if not name.isdigit() or os.stat("/proc/" + name).st_uid != me:
+                continue
+        except OSError:
+            continue
+        m = re.search(rb"\nThreads:\s+(\d+)", _read_bytes("/proc/%s/status" % name, 4096) or b"")
+        n += int(m.group(1)) if m else 1
+    return n
+
+
+def _lower_rlimit(which, value):
+    import resource
+
+    _, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+class Supervisor:
+    """One run-stdio job: the worker that runs it, the bounds it runs under, and what came of it."""
+
+    def __init__(self, jobdir, started, limits):
+        self.jobdir = jobdir
+        self.started = started
+        self.limits = limits
+        self.me = os.getpid()
+        self.worker = None
+        self.worker_status = None  # (wait status, max resident KiB) once reaped
+        self.members = []  # the job's live processes, as last seen
+        self.tree = Tree(self.me)
+        self.next_pss = 0.0
+        self.rss = 0
+        self.peak_bytes = 0
+        self.peak_procs = 0
+        self.leftover = 0
+        self.unkillable = 0
+        self.stop_signal = None
+        self.cg = None
+        self.nproc = None  # RLIMIT_NPROC of the worker, where set
+        self.subreaper = False  # orphans of the job come to the supervisor
+        self.enforced = {}
+
+    # -- set-up
+    def start(self):
+        import resource
+
+        lim = self.limits
+        self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job, even after setsid + double fork
+        self.cg = Cgroups(str(self.me), lim["memory_mb"], lim["max_procs"])
+        rlimit = _rlimit_data_takes()
+        # no pids cgroup: RLIMIT_NPROC stops a fork bomb in the kernel instead, between polls; it
+        # counts every task of the user on the device (so: what it has now plus the job's
+        # allowance) and binds no one running as root
+        if lim["max_procs"] is not None and not self.cg.has("pids") and os.getuid() != 0:
+            self.nproc = _user_tasks() + pids_cgroup_max(lim["max_procs"])
+        self.enforced = {
+            "memory": None if lim["memory_mb"] is None else
+            "cgroup" if self.cg.has("memory") else "rlimit+poll" if rlimit else "poll",
+            "processes": None if lim["max_procs"] is None else
+            "cgroup+poll" if self.cg.has("pids") else "rlimit+poll" if self.nproc else "poll",
+            "time": None if lim["timeout_s"] is None else "supervisor",
+            "output": None if lim["max_bundle_bytes"] is None else "supervisor",
+            "leftovers": "subreaper" if self.subreaper else "process group+cmdline",
+        }
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(go_w)
+                self._become_worker(go_r, resource)
+            finally:
+                os._exit(70)
+        os.close(go_r)
+        self.worker = pid
+        try:
+            os.setpgid(pid, pid)  # also done by the worker: whichever runs first
+        except OSError:
+            pass
+        try:  # a job that saturates every core (a fork bomb) must not starve the one process that can
+            # stop it: where it may (root, CAP_SYS_NICE) the supervisor, asleep nearly all the time,
+            # takes the highest priority of the fair scheduler; the worker keeps the one it started with
+            os.setpriority(os.PRIO_PROCESS, 0, -20)
+        except (OSError, AttributeError):
+            pass
+        self.cg.add(pid)
+        self.members = [pid]
+        os.write(go_w, b"g")  # the worker starts once it is in its cgroups
+        os.close(go_w)
+
+    def _on_signal(self, signum, frame):
+        self.stop_signal = signum
+
+    def _become_worker(self, go_r, resource):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.setpgid(0, 0)  # its own process group: killed as one
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != self.me:  # the supervisor died before the line above
+            os._exit(70)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self.limits["memory_mb"] is not None:
+            _lower_rlimit(resource.RLIMIT_DATA, data_limit_bytes(self.limits["memory_mb"]))
+        if self.limits["max_bundle_bytes"] is not None:  # no file of the job may outgrow the whole bundle
+            _lower_rlimit(resource.RLIMIT_FSIZE, self.limits["max_bundle_bytes"])
+        if self.nproc is not None:
+            _lower_rlimit(resource.RLIMIT_NPROC, self.nproc)
+        # nothing the candidate prints reaches the result stream, and it holds none of the transport's pipes
+        log = os.open(os.path.join(self.jobdir, LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.read(go_r, 1)
+        for fd in [int(x) for x in os.listdir("/proc/self/fd")]:  # the transport's pipes and sockets
+            try:
+                if fd > 2 and (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
+                    os.close(fd)
+            except OSError:
+                pass
+        rc = cmd_run(self.jobdir)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+    # -- watching
+    def _reap(self):
+        while True:
+            try:
+                pid, status, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.worker:
+                self.worker_status = (status, ru.ru_maxrss)
+
+    def watch(self):
+        """Until the worker exits or breaks a bound: (limit, reason) of the violation, or None."""
+        while True:
+            t0 = time.perf_counter()
+            violation = self._poll()
+            if violation is not False:
+                return violation
+            time.sleep(min(POLL_MAX_S, max(POLL_S, WORK_FACTOR * (time.perf_counter() - t0))))
+
+    def _poll(self):
+        lim = self.limits
+        self._reap()
+        if self.worker_status is not None:
+            return None
+        if self.stop_signal is not None:
+            return "signal", "stopped by %s" % signal_name(self.stop_signal)
+        now = time.monotonic()
+        if lim["timeout_s"] is not None and now - self.started > lim["timeout_s"]:
+            return "time", "hung: still running after %.2f s (limit %g s)" % (now - self.started, lim["timeout_s"])
+        self.members = sorted(self.cg.procs() if self.cg.dirs else self.tree.refresh(now, lim["max_procs"]))
+        if lim["memory_mb"] is not None and not self.cg.has("memory"):
+            self.members = self._resident()  # drops zombies: they hold no memory and are no process any more
+        n = len(self.members)
+        self.peak_procs = max(self.peak_procs, n)
+        if lim["max_procs"] is not None and n > lim["max_procs"]:
+            self.leftover = n - 1
+            return "processes", "too many processes: %s%d processes (limit %d)" % (
+                "" if self.cg.dirs else "at least ", n, lim["max_procs"])
+        if lim["memory_mb"] is not None:
+            over = self._memory_over(now, lim["memory_mb"])
+            if over:
+                return "memory", over
+        return False
+
+    def _resident(self):
+        self.rss = 0
+        alive = []
+        for p in self.members:
+            raw = _read_bytes("/proc/%d/statm" % p, 256)
+            fields = raw.split() if raw else ()
+            if len(fields) > 1 and fields[0] != b"0":
+                self.rss += int(fields[1]) * PAGE
+                alive.append(p)
+        return alive
+
+    def _memory_over(self, now, memory_mb):
+        limit = memory_mb << 20
+        if self.cg.has("memory"):  # the kernel enforces it; the peak is read once, at the end
+            kills = self.cg.oom_kills()
+            if kills:
+                peak = self.cg.memory_bytes(peak=True) or self.cg.memory_bytes() or 0
+                return "out of memory: the kernel's OOM killer stopped %d process(es) of the job in its memory " \
+                       "cgroup (peak %.1f MB; limit %d MB)" % (kills, peak / 2**20, memory_mb)
+            return None
+        rss, alive = self.rss, self.members
+        self.peak_bytes = max(self.peak_bytes, rss)
+        if rss <= limit or now < self.next_pss:
+            return None
+        # resident pages shared between forked processes count once in each: the proportional set
+        # size (costlier: the kernel walks the page tables) confirms before the job is stopped
+        t0 = time.perf_counter()
+        pss = [_pss_bytes(p) for p in alive]
+        self.next_pss = now + max(PSS_EVERY_S, WORK_FACTOR * (time.perf_counter() - t0))
+        if None in pss:
+            return "out of memory: %.1f MB resident in %d processes (limit %d MB)" % (rss / 2**20, len(alive), memory_mb)
+        if sum(pss) > limit:
+            return "out of memory: %.1f MB in %d processes (proportional set size; limit %d MB)" % (
+                sum(pss) / 2**20, len(alive), memory_mb)
+        return None
+
+    # -- ending
+    def sweep(self):
+        """Kill every process of the job and reap until none is left. A fork bomb ends too: each
+        pass kills all it finds, their children come to the supervisor (the subreaper), the next
+        pass kills those; it is over when the supervisor has no child left at all."""
+        give_up = time.monotonic() + SWEEP_GIVE_UP_S
+        count = self.worker_status is not None  # a job that ended by itself: what it left running is counted
+        while True:
+            # the worker's whole group at once, first (a fork bomb that keeps its group cannot outrun
+            # one kill); not reaped yet, the group id is still the job's
+            if self.worker_status is None:
+                try:
+                    os.killpg(self.worker, signal.SIGKILL)
+                except OSError:
+                    pass
+            table = proc_table()
+            tree = set(descendants(self.me, table))
+            if not self.subreaper:
+                tree |= set(p for p, (_, state) in table.items() if p not in tree and p != self.me and state != b"Z"
+                            and runs_this_job(p, self.jobdir))
+            if count:
+                self.leftover = len(tree - {self.worker})
+                count = False
+            live = (tree | self.cg.procs()) - {self.me}
+            self.cg.kill_all()
+            for p in live:
+                _kill(p)
+            self._reap()
+            if not live and self._no_children():
+                break
+            if time.monotonic() > give_up:
+                self.unkillable = len(live)
+                break
+            time.sleep(0.001)
+
+    @staticmethod
+    def _no_children():
+        try:  # WNOWAIT: looks without reaping
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return False
+
+    def outcome(self, violation):
+        """(result to synthesise or None to relay the worker's, limit or None)."""
+        lim = self.limits
+        status, maxrss_kb = self.worker_status or (0, 0)
+        self.peak_bytes = max(self.peak_bytes, maxrss_kb << 10, self.cg.memory_bytes(peak=True) or 0)
+        if violation:
+            limit, reason = violation
+            return {"status": "error", "reason": reason, "limit": limit}
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = signal_name(sig)
+            # an allocation refused under RLIMIT_DATA or the memory cgroup often ends as a NULL
+            # dereference, an abort or the OOM killer's SIGKILL: past the bound, that is what it was
+            if lim["memory_mb"] is not None and (self.cg.oom_kills() or (maxrss_kb << 10) > lim["memory_mb"] << 20):
+                return {"status": "error", "limit": "memory",
+                        "reason": "out of memory: the worker was killed by %s at %.1f MB resident (limit %d MB)"
+                                  % (name, (maxrss_kb << 10) / 2**20, lim["memory_mb"])}
+            if sig == signal.SIGXFSZ and lim["max_bundle_bytes"] is not None:
+                return {"status": "error", "limit": "output",
+                        "reason": "result too large: a file of the job grew past %d bytes (limit %d bytes)"
+                                  % (lim["max_bundle_bytes"], lim["max_bundle_bytes"])}
+            return {"status": "crashed", "signal": name, "reason": "crashed: the worker was killed by %s" % name}
+        if not os.path.isfile(os.path.join(self.jobdir, "result.json")):
+            return {"status": "crashed", "reason": "crashed: the worker exited with status %d and no result"
+                                                   % os.WEXITSTATUS(status)}
+        return None
+
+    def supervisor_fields(self):
+        return {"limits_enforced": self.enforced, "leftover_processes": self.leftover,
+                "usage": {"wall_s": round(time.monotonic() - self.started, 3),
+                          "peak_memory_mb": round(self.peak_bytes / 2**20, 1), "peak_procs": self.peak_procs},
+                **({"unkillable_processes": self.unkillable} if self.unkillable else {})}
+
+
+def _bundle_files(jobdir, max_bytes):
+    """The worker's result.json with the supervisor's fields appended (its last '}' found by
+    scanning back over whitespace: nothing else of it is read) and its outputs: [(name, path,
+    size)], or (None, why) when the result is unusable."""
+    path = os.path.join(jobdir, "result.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        return None, "crashed: cannot open the worker's result.json: %s" % exc.strerror
+    try:
+        size = os.fstat(fd).st_size
+        if max_bytes is not None and size > max_bytes:
+            return None, size
+        tail = os.pread(fd, 4096, max(0, size - 4096))
+    finally:
+        os.close(fd)
+    body = tail.rstrip()
+    if not body.endswith(b"}"):
+        return None, "crashed: the worker's result.json is not a JSON object"
+    keep = size - (len(tail) - len(body)) - 1  # bytes before the closing brace
+    empty = body[:-1].rstrip().endswith(b"{")
+    files = [("result.json", path, keep, empty)]
+    for name in sorted(os.listdir(jobdir)):
+        if BUNDLE_NAME.match(name):
+            p = os.path.join(jobdir, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if (st.st_mode & 0o170000) == 0o100000:  # regular files only, never a link
+                files.append((name, p, st.st_size, None))
+    return files, None
+
+
+def _emit(out, entries):
+    """Write a bundle: entries are (name, bytes) or (name, path, size[, suffix])."""
+    out.write(b"EDGETUNE-BUNDLE 1\n")
+    for name, data in entries:
+        if isinstance(data, bytes):
+            out.write(("%s %d\n" % (name, len(data))).encode() + data)
+            continue
+        path, size, suffix = data
+        out.write(("%s %d\n" % (name, size + len(suffix))).encode())
+        with open(path, "rb") as f:
+            left = size
+            while left > 0:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:  # cannot happen: every process of the job is dead
+                    chunk = b"\0" * left
+                out.write(chunk)
+                left -= len(chunk)
+        out.write(suffix)
+    out.write(b"END\n")
+    out.flush()
+
+
 def cmd_run_stdio(jobdir):
     """One round trip per job: request on stdin, result + outputs back as one bundle on stdout
-    ("EDGETUNE-BUNDLE 1\n" {"NAME SIZE\n" bytes}* "END\n"); the job dir is removed afterwards."""
+    ("EDGETUNE-BUNDLE 1\n" {"NAME SIZE\n" bytes}* "END\n"); the job dir is removed afterwards.
+    The job runs in a worker process under this one, the supervisor (PROTOCOL.md)."""
+    started = time.monotonic()
     data = sys.stdin.buffer.read()
     os.makedirs(jobdir, exist_ok=True)
     with open(os.path.join(jobdir, "request.json"), "wb") as f:
         f.write(data)
-    req = json.loads(data.decode("utf-8"))
-    real_stdout = os.dup(1)
-    os.dup2(2, 1)  # anything a runtime prints must not corrupt the bundle
+    base = {"protocol": PROTOCOL, "agent": AGENT, "agent_version": AGENT_VERSION}
     try:
-        result = run_job(jobdir, req)
-        _write_json_atomic(os.path.join(jobdir, "result.json"), result)
-    finally:
-        sys.stdout.flush()
-        os.dup2(real_stdout, 1)
-        os.close(real_stdout)
-    out = sys.stdout.buffer
-    out.write(b"EDGETUNE-BUNDLE 1\n")
-    names = ["result.json"] + sorted(n for n in os.listdir(jobdir) if n.endswith(".npy"))
-    for name in names:
-        with open(os.path.join(jobdir, name), "rb") as f:
-            blob = f.read()
-        out.write(("%s %d\n" % (name, len(blob))).encode())
-        out.write(blob)
-    out.write(b"END\n")
-    out.flush()
-    for name in os.listdir(jobdir):
-        os.unlink(os.path.join(jobdir, name))
-    os.rmdir(jobdir)
+        req = json.loads(data.decode("utf-8"))
+    except ValueError:
+        req = None  # unreadable: the worker says so in its result
+    try:
+        limits = request_limits(req if isinstance(req, dict) else {})
+    except ValueError as exc:
+        _emit(sys.stdout.buffer, [("result.json", json.dumps(
+            dict(base, status="error", reason="bad request: %s" % exc)).encode())])
+        _remove_jobdir(jobdir)
+        return 0
+    sup = Supervisor(jobdir, started, limits)
+    try:
+        sup.start()
+    except OSError as exc:  # no worker (fork refused): an answer all the same
+        _emit(sys.stdout.buffer, [("result.json", json.dumps(
+            dict(base, status="error", reason="cannot start the job's worker: %s" % exc)).encode())])
+        _remove_jobdir(jobdir)
+        return 0
+    violation = sup.watch()
+    sup.sweep()
+    synth = sup.outcome(violation)
+    sup.cg.remove()
+    if violation and violation[0] == "signal":  # the host gave up on this job: nobody reads a bundle
+        _relay_log(jobdir)
+        _remove_jobdir(jobdir)
+        return 128 + sup.stop_signal
+    entries = None
+    if synth is None:
+        files, why = _bundle_files(jobdir, limits["max_bundle_bytes"])
+        if files is not None:
+            suffix = json.dumps(sup.supervisor_fields())[1:].encode()  # '"k": v, ...}' after the worker's fields
+            name, path, keep, empty = files[0]
+            entries = [(name, (path, keep, (b"" if empty else b",") + suffix))]
+            entries += [(n, (p, size, b"")) for n, p, size, _ in files[1:]]
+            total = len(b"EDGETUNE-BUNDLE 1\n") + len(b"END\n") + sum(
+                len(n) + 2 + len(str(d[1] + len(d[2]))) + d[1] + len(d[2]) for n, d in entries)
+            if limits["max_bundle_bytes"] is not None and total > limits["max_bundle_bytes"]:
+                why, entries = total, None
+        if entries is None:
+            if isinstance(why, int):
+                synth = {"status": "error", "limit": "output", "reason": "result too large: the bundle is %d bytes "
+                         "(limit %d bytes)" % (why, limits["max_bundle_bytes"])}
+            else:
+                synth = {"status": "crashed", "reason": why}
+    if entries is None:
+        result = dict(base, **synth)
+        result.update(sup.supervisor_fields())
+        entries = [("result.json", json.dumps(result).encode())]
+    _relay_log(jobdir)
+    try:
+        _emit(sys.stdout.buffer, entries)
+    except BrokenPipeError:
+        pass
+    _remove_jobdir(jobdir)
     return 0
+
+
+def _relay_log(jobdir):
+    """The tail of what the worker printed, on the agent's stderr (diagnostics only)."""
+    try:
+        with open(os.path.join(jobdir, LOG_NAME), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - LOG_TAIL))
+            tail = f.read(LOG_TAIL)
+    except OSError:
+        return
+    if tail:
+        try:
+            sys.stderr.buffer.write(tail if tail.endswith(b"\n") else tail + b"\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+
+
+def _remove_jobdir(jobdir):
+    import shutil
+
+    shutil.rmtree(jobdir, ignore_errors=True)
 
 
 def main(argv):

@@ -6,6 +6,10 @@ not caught, or caught under another name, fails the suite.
 * ``adapters/``: Python adapters, run by the Python agent's ``adapter`` backend on a small MLP.
 * ``kernels/gemm.c``: C kernels with the TVM FFI ABI, run by the native agent's ``tvm-kernel``
   backend (built per variant for the device's architecture).
+
+Some candidates attack the device rather than the measurement (a memory hog, a fork bomb, a helper
+left running, output printed into the result stream): the agent's supervisor must bound them under
+the job's limits (``CASE_LIMITS``) and name the bound they broke.
 """
 
 from __future__ import annotations
@@ -34,13 +38,18 @@ ADAPTER_CASES: dict[str, tuple[str, ...]] = {
     "background": ("late-write", "wrong-when-timed"), "wrong": ("wrong-output",), "lowp": ("imprecise",),
     "nan": ("non-finite",), "mutate": ("input-mutated",), "faketimer": ("impossible-timing",), "constant": ("insensitive",),
     "noisy": ("non-deterministic",), "crash": ("crashed",), "hang": ("hung",),
+    "hog": ("out-of-memory",), "forkbomb": ("too-many-processes",), "orphan": ("ok",), "printer": ("ok",),
 }
 KERNEL_CASES: dict[str, tuple[str, ...]] = {
     "CORRECT": ("ok",), "STALE": ("stale-output",), "SOMETIMES": ("stale-output", "wrong-when-timed"), "MEMOIZE": ("caching",), "SKIP_WARM": ("wrong-when-timed",),
     "BACKGROUND": ("late-write", "wrong-when-timed"), "WRONG": ("wrong-output",), "MUTATE": ("input-mutated",),
     "OOB": ("out-of-bounds-write",), "LOWP": ("imprecise",), "NAN": ("non-finite",), "CONSTANT": ("insensitive",),
     "NONDET": ("non-deterministic",), "HANG": ("hung",), "CRASH": ("crashed",),
+    "HOG": ("out-of-memory",), "FORKBOMB": ("too-many-processes",), "ORPHAN": ("ok",), "PRINT": ("ok",),
 }
+# the bounds a case runs under where the host's defaults do not fit it: a hog is stopped at 256 MB,
+# not after filling a CI machine's memory up to the default (keyed by the artifact's file stem)
+CASE_LIMITS: dict[str, dict[str, int]] = {"hog": {"memory_mb": 256}, "gemm_hog": {"memory_mb": 256}}
 GEMM_M = GEMM_N = GEMM_K = 64
 
 
@@ -118,7 +127,7 @@ def run_case(client: AgentClient, case: Case, backend: str, artifact: Path, mode
               budget_ms=budget_ms, warmup_ms=5.0, timeout_s=timeout_s,
               # at least 20 timed calls: the cheats turn on after a dozen calls, and a slow first call
               # (cold caches, an emulator) must not leave the whole timed loop before that
-              min_iters=20)
+              min_iters=20, **CASE_LIMITS.get(Path(artifact).stem, {}))
     res = client.run_job(job)
     info = client.provision()
     return verify_job(res, case.input_sets, case.references, case.reference_fn, case.output_names,

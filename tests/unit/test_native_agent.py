@@ -140,7 +140,7 @@ def make_job(root: Path, name: str, backend: str, artifact: Path, input_sets, ou
     job = root / "jobs" / name
     job.mkdir(parents=True, exist_ok=True)
     request = {
-        "protocol": 2, "backend": backend,
+        "protocol": 3, "backend": backend,
         "artifact": f"../../artifacts/{pushed.name}",
         "artifact_sha256": sha or art_sha,
         "params": params or {},
@@ -173,7 +173,7 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
 
 def check_ok(res: dict, n_sets: int, n_out: int) -> None:
     assert res["status"] == "ok", res["reason"]
-    assert res["agent"] == "native" and res["protocol"] == 2 and res["clock"] == "CLOCK_MONOTONIC"
+    assert res["agent"] == "native" and res["protocol"] == 3 and res["clock"] == "CLOCK_MONOTONIC"
     assert res["outputs"] == [[f"out_{i}_{k}.npy" for k in range(n_out)] for i in range(n_sets)]
     assert res["repeat_outputs"] == [f"rep_{k}.npy" for k in range(n_out)]
     assert res["warmup_iters"] >= 1
@@ -277,7 +277,7 @@ def test_info(agent):
     proc = subprocess.run([str(agent), "info"], capture_output=True, text=True, check=True,
                           env={k: v for k, v in os.environ.items() if k != "EDGETUNE_ORT_LIB"})
     info = json.loads(proc.stdout)
-    assert info["protocol"] == 2 and info["agent"] == "native" and info["python"] is None
+    assert info["protocol"] == 3 and info["agent"] == "native" and info["python"] is None
     assert info["agent_version"] == native.agent_version()
     assert info["arch"] == HOST_ARCH
     assert info["runtimes"]["tvm-kernel"] == "1"
@@ -310,7 +310,7 @@ def test_tvm_matmul(agent, kernels, tmp_path):
         assert out.dtype == np.float32 and out.shape == (M, N)
         assert rel_err(out, matmul_ref(a, b)) < 1e-4
     rep = np.load(job / "rep_0.npy")
-    assert np.array_equal(rep, np.load(job / "out_0_0.npy"))  # set 0 ran twice (protocol 2), same result
+    assert np.array_equal(rep, np.load(job / "out_0_0.npy"))  # set 0 ran twice (since protocol 2), same result
     assert not np.array_equal(np.load(job / "out_1_0.npy"), rep)  # a different input gives a different output
     assert res["runtime_versions"] == {"tvm-kernel": "1"} and res["backend_info"]["linked"] is False
 

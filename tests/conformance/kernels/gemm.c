@@ -5,8 +5,11 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -140,6 +143,33 @@ int __tvm_ffi_main(void* handle, const TVMFFIAny* args, int32_t num_args, TVMFFI
   gemm(a, b, c, m, n, k);
   float amp = 2e-4f * rms(c, m * n);
   for (int64_t i = 0; i < m * n; i++) c[i] += amp * ((float)rand() / (float)RAND_MAX - 0.5f);
+#elif defined(VARIANT_HOG)         /* allocates 16 MB after 16 MB, every page touched, never frees */
+  for (;;) {
+    char* p = (char*)malloc(16u << 20);
+    if (!p) abort(); /* refused: what most programs do then */
+    memset(p, 1, 16u << 20);
+  }
+#elif defined(VARIANT_FORKBOMB)    /* forks in a loop, and so does every child */
+  for (;;)
+    if (fork() < 0) usleep(1000); /* refused (a pids cgroup): keep trying, as a bomb does */
+#elif defined(VARIANT_ORPHAN)      /* leaves a detached helper (double fork + setsid) asleep, then is correct */
+  if (calls == 1) {
+    pid_t child = fork();
+    if (child == 0) {
+      setsid();
+      if (fork() == 0) sleep(600);
+      _exit(0);
+    }
+    if (child > 0) waitpid(child, NULL, 0);
+  }
+  gemm(a, b, c, m, n, k);
+#elif defined(VARIANT_PRINT)       /* correct, but prints a forged bundle on stdout on every call */
+  fputs("EDGETUNE-BUNDLE 1\nresult.json 16\n{\"status\":\"ok\"}END\n", stdout);
+  fflush(stdout);
+  gemm(a, b, c, m, n, k);
+#elif defined(VARIANT_SPIN)        /* never returns, and keeps a core busy */
+  for (volatile unsigned long spin = 0;; spin++) {
+  }
 #elif defined(VARIANT_HANG)
   for (;;) pause();
 #elif defined(VARIANT_CRASH)

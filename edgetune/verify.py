@@ -210,6 +210,10 @@ def _refs_differ(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
     return any(x.shape != y.shape or not np.allclose(x, y, rtol=1e-3, atol=1e-6, equal_nan=True) for x, y in zip(a, b))
 
 
+_LIMIT_CODES = {"memory": "out-of-memory", "processes": "too-many-processes", "time": "hung",
+                "output": "result-too-large"}
+
+
 def verify_job(
     res: JobResult,
     input_sets: Sequence[Sequence[np.ndarray]],
@@ -233,6 +237,10 @@ def verify_job(
     ``require_timed=False`` only for a measurer that cannot return timed iterations (legacy CUDA)."""
     if not res.ok:
         reason = res.reason or res.status
+        if res.invalid:  # the device's answer broke the protocol (agent/validate.py)
+            return Verdict.failed(reason, res.invalid)
+        if res.limit in _LIMIT_CODES:  # a bound the agent's supervisor enforced
+            return Verdict.failed(reason, _LIMIT_CODES[res.limit])
         if res.status == "crashed":
             return Verdict.failed(reason, "crashed")
         if res.status == "timeout":

@@ -8,7 +8,6 @@ back as a ``JobResult`` with a status and a reason. Only infrastructure errors (
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import secrets
@@ -24,18 +23,35 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from edgetune.agent import validate
+from edgetune.agent.validate import BUNDLE_MAGIC, Invalid, parse_bundle  # noqa: F401 - re-exported
 from edgetune.build.native import build_agent
 from edgetune.devices.base import Completed, Transport
-from edgetune.devices.inventory import DeviceSpec, fingerprint_key, open_transport
-from edgetune.errors import DeviceError, DeviceUnreachable
+from edgetune.devices.inventory import DeviceSpec, edgetune_home, fingerprint_key, open_transport
+from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
+from edgetune.private import private_dir
+from edgetune.text import device_text
 
-PROTOCOL = 2
+PROTOCOL = 3
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
 CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
 PROBE_PAIRS = 16  # TEST04 probe: at most this many repeated-input / new-input pairs (at least 8)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_AGENT = REPO_ROOT / "device_agents" / "python" / "edgetune_agent.py"
+
+
+# bounds a candidate runs under on the device (the agent's supervisor enforces them; PROTOCOL.md)
+MEMORY_MB = 4096  # resident memory of the candidate and everything it spawns
+MAX_PROCS = 64  # processes the candidate may have at once (itself included)
+RESULT_SLACK = 8 << 20  # bytes of a result bundle beyond its arrays (result.json, headers)
+
+
+def default_workdir(spec: DeviceSpec) -> str:
+    """The device's work dir: its ``workdir`` option, else a private per-user default (never a
+    predictable shared /tmp path): EDGETUNE_HOME/work on the host, ~/.cache/edgetune over ssh,
+    /data/local/tmp/edgetune on a phone (the shell user's own area)."""
+    return spec.workdir or str(edgetune_home() / "work")
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,15 @@ class Job:
     check_iters: int = CHECK_ITERS
     check_fastest: int = CHECK_FASTEST
     probe_pairs: int = PROBE_PAIRS
+    memory_mb: int | None = MEMORY_MB
+    max_procs: int | None = MAX_PROCS
+
+    def max_bundle_bytes(self) -> int:
+        """The most a correct agent can send back for this job: every output array of every input
+        set, the repeat, the kept timed iterations and the late-write check, plus headers."""
+        per_set = sum(int(np.prod(o["shape"], dtype=np.int64)) * 8 for o in self.output_specs)
+        arrays = per_set * (len(self.input_sets) + 2 + self.check_iters + self.check_fastest)
+        return int(arrays + RESULT_SLACK + 4096 * len(self.output_specs) * (len(self.input_sets) + 8))
 
 
 @dataclass(frozen=True)
@@ -106,39 +131,15 @@ class JobResult:
     probe_distinct_ns: list[int] = field(default_factory=list)
     input_check: str = ""
     guard_violation: str = ""  # native agent: a guard zone around a buffer was overwritten
+    limit: str = ""  # a bound the agent's supervisor enforced: memory | processes | time | output
+    limits_enforced: dict[str, Any] = field(default_factory=dict)  # how each bound was enforced
+    invalid: str = ""  # the device's answer broke the protocol (validate.py): the verdict code it gets
     wall_ms: float = 0.0  # host-side wall time of the whole job (transfer + process + run)
     agent_ms: float = 0.0  # time of the remote agent command alone
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-BUNDLE_MAGIC = b"EDGETUNE-BUNDLE 1\n"
-
-
-def parse_bundle(out: bytes) -> dict[str, bytes] | None:
-    """Parse an agent's run-stdio bundle; None when it is missing or truncated (agent died)."""
-    start = out.find(BUNDLE_MAGIC)
-    if start < 0:
-        return None
-    pos = start + len(BUNDLE_MAGIC)
-    files: dict[str, bytes] = {}
-    while True:
-        nl = out.find(b"\n", pos)
-        if nl < 0:
-            return None
-        line = out[pos:nl].decode("utf-8", "replace")
-        if line == "END":
-            return files
-        name, _, size = line.rpartition(" ")
-        if not name or not size.isdigit() or "/" in name:
-            return None
-        n = int(size)
-        if nl + 1 + n > len(out):
-            return None
-        files[name] = out[nl + 1 : nl + 1 + n]
-        pos = nl + 1 + n
 
 
 def _signal_name(code: int) -> str:
@@ -154,9 +155,12 @@ class AgentClient:
     def __init__(self, spec: DeviceSpec, transport: Transport | None = None, workdir: str | None = None):
         self.spec = spec
         self.transport = transport or open_transport(spec)
-        self.workdir = workdir or spec.workdir or str(Path(tempfile.gettempdir()) / f"edgetune-local-{os.getuid()}")
+        self.workdir = workdir or default_workdir(spec)
         self._info: AgentInfo | None = None
         self._agent_argv: list[str] | None = None
+        self._agent_files: dict[str, tuple[Path, str | None]] = {}  # remote path -> (local source, chmod)
+        self._agent_digests: dict[str, str] = {}  # remote path -> sha256 it must have before every use
+        self.agent_repushes = 0  # times the agent on the device differed from ours and was pushed again
         self._pushed: set[str] = set()
         self._lock = threading.Lock()
         self._native = False
@@ -183,9 +187,8 @@ class AgentClient:
         with self._lock:
             if self._info is not None:
                 return self._info
+            self._prepare_workdir()
             w = self.workdir
-            self._must(["mkdir", "-p", f"{w}/agent", f"{w}/artifacts", f"{w}/inputs", f"{w}/jobs"],
-                       f"creating work dir {w}")
             py = self._python()
             probe = self._run([py, "-c", "import numpy, sys; print(sys.version_info[0])"], timeout=60)
             if probe.ok and probe.text().strip() == "3" and not self.spec.options.get("native"):
@@ -193,36 +196,109 @@ class AgentClient:
             else:
                 self._agent_argv = self._provision_native()
             c = self._must(self._agent_argv + ["info"], "agent info", timeout=120)
-            try:
-                data = json.loads(c.text().strip().splitlines()[-1])
-            except (ValueError, IndexError) as exc:
-                raise DeviceError(f"{self.spec.name}: agent info returned no JSON") from exc
+            data = validate.info_dict(c.stdout, self.spec.name)
             if data.get("protocol") != PROTOCOL:
-                raise DeviceError(f"{self.spec.name}: agent speaks protocol {data.get('protocol')}, host {PROTOCOL}")
-            self._info = AgentInfo(data["agent"], data["agent_version"], data["arch"], data.get("python"),
-                                   data.get("runtimes", {}), data.get("fingerprint", {}))
+                raise DeviceError(f"{self.spec.name}: agent speaks protocol {device_text(data.get('protocol'), 40)}, "
+                                  f"host {PROTOCOL}")
+            self._info = validate.agent_info(data, self.spec.name, AgentInfo)
             return self._info
+
+    def _prepare_workdir(self) -> None:
+        """Create the work dir private to the device user (0700) and refuse one that is not: owned
+        by another user, open to others, or not a directory (a link planted in a shared /tmp).
+        ``~/`` is the device user's home."""
+        w = self.workdir
+        if self.spec.kind == "local" and not w.startswith("~"):
+            try:
+                private_dir(w, "work dir")
+            except UserInputError as exc:
+                raise DeviceError(f"{self.spec.name}: {exc}") from None
+        else:
+            script = ('w=$1; case $w in "~/"*) w="$HOME/${w#"~/"}";; esac; '
+                      'mkdir -p -- "$(dirname -- "$w")" 2>/dev/null; mkdir -m 700 -- "$w" 2>/dev/null; '
+                      'printf "edgetune-workdir\\0%s\\0%s\\0%s\\0" "$w" "$(id -u)" "$(stat -c "%u %a %F" -- "$w" 2>/dev/null)"')
+            c = self._must(["sh", "-c", script, "sh", w], f"creating work dir {w}")
+            tag = c.stdout.rfind(b"edgetune-workdir\0")
+            parts = c.stdout[tag:].decode("utf-8", "replace").split("\0") if tag >= 0 else []
+            if len(parts) < 4 or not parts[2].isdigit():
+                raise DeviceError(f"{self.spec.name}: cannot check work dir {device_text(w)}: unexpected answer "
+                                  f"{device_text(c.stdout[-200:].decode('utf-8', 'replace'), 200)!r}")
+            resolved, uid = parts[1], parts[2]
+            owner, mode, kind = (parts[3].split(" ", 2) + ["", "", ""])[:3]
+            if not resolved.startswith("/"):
+                raise DeviceError(f"{self.spec.name}: work dir {device_text(resolved)} is not an absolute path")
+            if kind != "directory":
+                raise DeviceError(f"{self.spec.name}: work dir {device_text(resolved)} is not a directory "
+                                  f"({device_text(kind or 'cannot be created', 60)}); refusing to use it")
+            if owner != uid:
+                raise DeviceError(f"{self.spec.name}: work dir {device_text(resolved)} is owned by uid "
+                                  f"{device_text(owner, 20)}, not the device user (uid {uid}); refusing to use it "
+                                  f"(someone else may have planted it)")
+            if not mode or not all(ch in "01234567" for ch in mode) or int(mode, 8) & 0o077:
+                raise DeviceError(f"{self.spec.name}: work dir {device_text(resolved)} has mode "
+                                  f"{device_text(mode, 8)}, open to other users; refusing to use it")
+            self.workdir = w = resolved
+        self._must(["mkdir", "-p", f"{w}/agent", f"{w}/artifacts", f"{w}/inputs", f"{w}/jobs"],
+                   f"creating work dir {w}")
 
     def _push_verified(self, local: Path, remote: str, mode: str | None = None) -> None:
         digest = sha256_file(local)
         self.transport.push(str(local), remote)
         if mode:
             self._must(["chmod", mode, remote], f"chmod {remote}")
-        c = self._must(["sha256sum", remote], f"checking {remote}")
-        if c.text().split()[:1] != [digest]:
+        if self._remote_sha256([remote]).get(remote) != digest:
             raise DeviceError(f"{self.spec.name}: {remote} arrived corrupted (sha256 differs)")
 
-    def _installed_version(self, version_file: str) -> str | None:
-        c = self._run(["cat", version_file], timeout=30)
-        return c.text().strip() if c.ok else None
+    def _remote_sha256(self, paths: list[str]) -> dict[str, str]:
+        """sha256 of remote files as the device's sha256sum reports them (missing ones left out).
+        GNU sha256sum escapes a name holding a backslash or newline and marks the line with a
+        leading backslash: lines are matched by order, not by name."""
+        c = self._run(["sha256sum", "--", *paths], timeout=60)
+        out: dict[str, str] = {}
+        lines = c.text().splitlines()
+        if len(lines) != len(paths):  # some missing: ask one by one
+            if len(paths) == 1:
+                lines = lines if c.ok else []
+            else:
+                for p in paths:
+                    out.update(self._remote_sha256([p]))
+                return out
+        for p, line in zip(paths, lines):
+            word = line.split(" ", 1)[0].lstrip("\\")
+            if len(word) == 64:
+                out[p] = word.lower()
+        return out
+
+    def _install_agent_file(self, local: Path, remote: str, mode: str | None = None) -> None:
+        """Push one file of the agent unless the device already has exactly it; remember its hash,
+        which is checked again before every job (``_check_agent``)."""
+        digest = sha256_file(local)
+        self._agent_files[remote] = (local, mode)
+        self._agent_digests[remote] = digest
+        if self._remote_sha256([remote]).get(remote) != digest:
+            self._push_verified(local, remote, mode)
+
+    def _check_agent(self) -> None:
+        """Before every use: the agent (and the library it loads) on the device must still be the
+        file we pushed, byte for byte. A changed one is pushed again; one that will not stay
+        ours (something on the device rewrites it) is refused."""
+        paths = list(self._agent_digests)
+        if not paths:
+            return
+        have = self._remote_sha256(paths)
+        for p in paths:
+            if have.get(p) == self._agent_digests[p]:
+                continue
+            local, mode = self._agent_files[p]
+            self._push_verified(local, p, mode)
+            self.agent_repushes += 1
+            if self._remote_sha256([p]).get(p) != self._agent_digests[p]:
+                raise DeviceError(f"{self.spec.name}: the agent file {p} on the device does not keep "
+                                  f"the content edgetune pushed; refusing to run it")
 
     def _provision_python(self, py: str) -> list[str]:
         remote = f"{self.workdir}/agent/edgetune_agent.py"
-        version = sha256_file(PYTHON_AGENT)
-        vfile = f"{self.workdir}/agent/AGENT_VERSION.python"
-        if self._installed_version(vfile) != version:
-            self._push_verified(PYTHON_AGENT, remote)
-            self._write_remote_text(vfile, version)
+        self._install_agent_file(PYTHON_AGENT, remote)
         return [py, remote]
 
     def _provision_native(self) -> list[str]:
@@ -230,21 +306,15 @@ class AgentClient:
         arch = c.text().strip()
         triple = {"x86_64": None, "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}.get(arch, "unsupported")
         if triple == "unsupported":
-            raise DeviceError(f"{self.spec.name}: no native agent for architecture {arch}")
+            raise DeviceError(f"{self.spec.name}: no native agent for architecture {device_text(arch, 64)}")
         # static agents cannot dlopen kernels or libonnxruntime: only on request (kernel-only phones)
         static = bool(self.spec.options.get("static"))
         binary = Path(build_agent(triple, static=static))
         remote = f"{self.workdir}/agent/edgetune-agent"
-        version = sha256_file(binary)
+        self._install_agent_file(binary, remote, mode="755")
         ort_lib = self._ort_library_for(arch)
-        if ort_lib is not None:
-            version += "+" + sha256_file(ort_lib)[:16]
-        vfile = f"{self.workdir}/agent/AGENT_VERSION.native"
-        if self._installed_version(vfile) != version:
-            self._push_verified(binary, remote, mode="755")
-            if ort_lib is not None:  # the agent finds it next to itself
-                self._push_verified(ort_lib, f"{self.workdir}/agent/libonnxruntime.so")
-            self._write_remote_text(vfile, version)
+        if ort_lib is not None:  # the agent finds it next to itself
+            self._install_agent_file(ort_lib, f"{self.workdir}/agent/libonnxruntime.so")
         self._native = True
         return [remote]
 
@@ -268,14 +338,6 @@ class AgentClient:
         capi = Path(onnxruntime.__file__).parent / "capi"
         libs = sorted(capi.glob("libonnxruntime.so*"))
         return libs[0] if libs else None
-
-    def _write_remote_text(self, remote: str, text: str) -> None:
-        with tempfile.NamedTemporaryFile("w", delete=False, suffix=".txt") as f:
-            f.write(text)
-        try:
-            self.transport.push(f.name, remote)
-        finally:
-            os.unlink(f.name)
 
     def cleanup(self) -> None:
         """Remove everything edgetune put on the device (the whole work dir)."""
@@ -326,23 +388,28 @@ class AgentClient:
                     m_remote, m_digest = self._ensure_artifact(job.model)
                     model = {"path": m_remote, "sha256": m_digest}
                 inputs = self._ensure_inputs(job.input_sets, tmp)
+                max_bundle = job.max_bundle_bytes()
                 request = {
                     "protocol": PROTOCOL, "backend": job.backend, "artifact": artifact,
-                    "artifact_sha256": digest, "params": self._agent_params(job.backend, job.params), "input_names": job.input_names,
-                    "inputs": inputs, "outputs": job.output_specs,
+                    "artifact_sha256": digest, "params": self._agent_params(job.backend, job.params),
+                    "input_names": job.input_names, "inputs": inputs, "outputs": job.output_specs,
                     "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
                     "max_iters": job.max_iters, "fresh_seed": job.fresh_seed, "check_iters": job.check_iters,
-                    "check_fastest": job.check_fastest,
-                    "probe_pairs": job.probe_pairs,
+                    "check_fastest": job.check_fastest, "probe_pairs": job.probe_pairs,
+                    # the agent's supervisor stops the job before the host gives up on the command
+                    "limits": {"memory_mb": job.memory_mb, "max_procs": job.max_procs,
+                               "timeout_s": max(1.0, job.timeout_s - 2.0)},
+                    "max_bundle_bytes": max_bundle,
                 }
                 if model:
                     request["model"] = model
+                self._check_agent()  # the agent is ours, byte for byte, right before it runs
                 t_agent = time.perf_counter()
                 c = self.transport.run(self._agent_argv + ["run-stdio", jobdir], timeout=job.timeout_s,
-                                       stdin=json.dumps(request).encode())
+                                       stdin=json.dumps(request).encode(), max_output=max_bundle + 4096)
                 agent_ms = (time.perf_counter() - t_agent) * 1e3
-                res = self._collect(c, job)
-                if res.status in ("crashed", "timeout"):  # the agent could not remove its job dir
+                res = self._collect(c, job, agent_ms)
+                if res.status in ("crashed", "timeout") or res.limit:  # the agent could not remove its job dir
                     self._run(["rm", "-rf", jobdir], timeout=30)
                 res.agent_ms = agent_ms
                 res.wall_ms = (time.perf_counter() - t_start) * 1e3
@@ -372,11 +439,20 @@ class AgentClient:
                 out[k] = v
         return out
 
-    def _collect(self, c: Completed, job: Job) -> JobResult:
+    def _collect(self, c: Completed, job: Job, agent_ms: float) -> JobResult:
+        """What the device answered, as a JobResult: every byte of it validated (validate.py);
+        an answer that breaks the protocol is this candidate's failure ``invalid result: ...``."""
         stderr_tail = c.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        tail = device_text(stderr_tail[0], 200)
+        if c.overflow:
+            return JobResult("error", f"result too large: the device sent more than {job.max_bundle_bytes()} "
+                                      f"bytes (the most this job's outputs can take)", limit="output")
         if c.timed_out:
-            return JobResult("timeout", f"hung: no result within {job.timeout_s:g} s (killed)")
-        files = parse_bundle(c.stdout)
+            return JobResult("timeout", f"hung: no result within {job.timeout_s:g} s (killed)", limit="time")
+        try:
+            files = parse_bundle(c.stdout)
+        except Invalid as exc:
+            return JobResult("error", f"invalid result: {exc}", invalid=exc.code)
         if c.returncode != 0 or files is None or "result.json" not in files:
             if c.returncode < 0 or c.returncode > 128:
                 sig = -c.returncode if c.returncode < 0 else c.returncode - 128
@@ -385,47 +461,11 @@ class AgentClient:
                 why = f"crashed: agent exited with status {c.returncode}"
             else:
                 why = "crashed: agent returned no result"
-            tail = stderr_tail[0][:200]
             return JobResult("crashed", f"{why}" + (f" ({tail})" if tail else ""))
         try:
-            data = json.loads(files["result.json"].decode("utf-8"))
-        except ValueError:
-            return JobResult("crashed", "agent wrote an unreadable result.json")
-        res = JobResult(
-            status=data.get("status", "error"), reason=data.get("reason", ""),
-            samples_ns=list(data.get("samples_ns", [])),
-            input_sha256_before=data.get("input_sha256_before"),
-            load_ms=data.get("load_ms"), runtime_versions=data.get("runtime_versions", {}),
-            device_state=data.get("device_state", {}),
-            fresh_seed=job.fresh_seed,
-            guard_violation=str(data.get("guard_violation") or ""),
-        )
-        if res.status != "ok":
-            res.status = "error"
-            return res
-
-        def load(name: str) -> np.ndarray | None:
-            blob = files.get(name)
-            if blob is None:
-                return None
-            try:
-                return np.load(io.BytesIO(blob), allow_pickle=False)
-            except ValueError:
-                return None
-
-        res.outputs = [[load(n) for n in row] for row in data.get("outputs", [])]
-        res.repeat_outputs = [load(n) for n in data.get("repeat_outputs", [])]
-        res.input_sha256_after_sets = data.get("input_sha256_after_sets")
-        res.timed_checks = [TimedCheck(int(c.get("iter", -1)), [load(n) for n in c.get("outputs", [])],
-                                       c.get("input_sha256_after"))
-                            for c in data.get("timed_checks", []) if isinstance(c, dict)]
-        res.first_timed_iter = data.get("first_timed_iter")
-        res.late_change = data.get("late_change")
-        probe = data.get("probe") or {}
-        res.probe_repeat_ns = list(probe.get("repeat_ns", []))
-        res.probe_distinct_ns = list(probe.get("distinct_ns", []))
-        res.input_check = str(data.get("input_check", ""))
-        return res
+            return validate.job_result(files, job, agent_ms * 1e6, JobResult, TimedCheck)
+        except Invalid as exc:
+            return JobResult("error", f"invalid result: {exc}", invalid=exc.code)
 
     def close(self) -> None:
         self.transport.close()

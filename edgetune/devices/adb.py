@@ -26,12 +26,16 @@ import threading
 import time
 from typing import Sequence
 
-from edgetune.devices.base import Completed, shell_join
+from edgetune.devices.base import DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, keep_tail, shell_join
 from edgetune.errors import AuthError, DeviceError, DeviceUnreachable, MissingExtra
 
 DEFAULT_WORKDIR = "/data/local/tmp/edgetune"
 _SYNC_DATA_MAX = 64 * 1024
 _ID_STDIN, _ID_STDOUT, _ID_STDERR, _ID_EXIT, _ID_CLOSE_STDIN = 0, 1, 2, 3, 4
+
+
+class _Overflow(Exception):
+    """stdout passed the caller's max_output."""
 
 
 class AdbTransport:
@@ -129,8 +133,10 @@ class AdbTransport:
             raise
 
     # -- Transport --------------------------------------------------------------------------
-    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None) -> Completed:
+    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None,
+            max_output: int | None = None) -> Completed:
         self._ensure()
+        limit = DEFAULT_MAX_OUTPUT if max_output is None else int(max_output)
         argv = [str(a) for a in argv]
         # $$ is the pid (and process group) of the command after exec: reported for the timeout kill
         cmd = "echo $$ >&2; exec " + shell_join(argv)
@@ -160,30 +166,39 @@ class AdbTransport:
                 buf += chunk
                 while len(buf) >= 5:
                     pkt_id, n = struct.unpack_from("<BI", buf, 0)
+                    if n > limit + (1 << 20):  # a packet bigger than all we would keep: refuse it
+                        raise _Overflow()
                     if len(buf) < 5 + n:
                         break
                     data = bytes(buf[5:5 + n])
                     del buf[:5 + n]
                     if pkt_id == _ID_STDOUT:
                         out += data
+                        if len(out) > limit:  # a device cannot make the host hold more
+                            del out[limit:]
+                            raise _Overflow()
                     elif pkt_id == _ID_STDERR:
-                        if pid is None:
+                        if pid is None:  # the first line is the pid; 0: none came (not ours)
                             errline += data
                             nl = errline.find(b"\n")
                             if nl >= 0:
                                 pid = _int_or_none(errline[:nl])
-                                err += errline[nl + 1:]
-                                if pid is None:  # not ours: keep it all
-                                    err[:0] = errline[:nl + 1]
+                                err += errline[nl + 1:] if pid is not None else errline
+                                pid = pid or 0
+                            elif len(errline) > 64:  # no pid line: a shell error, keep it all
+                                err += errline
+                                pid = 0
                         else:
                             err += data
+                        keep_tail(err, MAX_STDERR)
                     elif pkt_id == _ID_EXIT:
                         return Completed(data[0] if data else 255, bytes(out), bytes(err))
-        except socket.timeout:
+        except (socket.timeout, _Overflow) as exc:
             if pid is None and errline:
                 pid = _int_or_none(errline.split(b"\n")[0])
             self._kill_remote(pid)
-            return Completed(-signal.SIGKILL, bytes(out), bytes(err), timed_out=True)
+            over = isinstance(exc, _Overflow)
+            return Completed(-signal.SIGKILL, bytes(out), bytes(err), timed_out=not over, overflow=over)
         except OSError as exc:
             raise DeviceUnreachable(f"{self.address}: shell stream lost ({exc.strerror or exc})") from None
         finally:

@@ -11,6 +11,16 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 
+MAX_STDERR = 64 * 1024  # bytes of a command's stderr kept (its tail: where the error is)
+DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024  # stdout bytes held of a command when the caller gives no bound
+
+
+def keep_tail(buf: bytearray, limit: int = MAX_STDERR) -> None:
+    """Trim ``buf`` in place to its last ``limit`` bytes."""
+    if len(buf) > limit:
+        del buf[: len(buf) - limit]
+
+
 @dataclass(frozen=True)
 class Completed:
     """What a remote command returned. ``timed_out`` means it was killed at its timeout."""
@@ -19,6 +29,7 @@ class Completed:
     stdout: bytes
     stderr: bytes
     timed_out: bool = False
+    overflow: bool = False  # stdout passed ``max_output``: the command was killed, stdout cut there
 
     @property
     def ok(self) -> bool:
@@ -34,6 +45,9 @@ class Transport(Protocol):
 
     * ``run`` never raises for a non-zero exit or a timeout: those come back in ``Completed``.
       It raises ``DeviceError`` subclasses only when the device itself cannot be reached.
+      ``max_output`` bounds what the host holds of the command's stdout: past it the command is
+      killed and ``Completed.overflow`` is set (a device cannot make the host hold more);
+      stderr is always bounded to its last ``MAX_STDERR`` bytes.
     * ``push``/``pull`` copy one file; remote parent directories must exist (use ``run(["mkdir","-p",...])``).
     * ``kind`` is "local", "ssh" or "adb"; ``address`` is a display string without secrets.
     """
@@ -41,7 +55,8 @@ class Transport(Protocol):
     kind: str
     address: str
 
-    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None) -> Completed: ...
+    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None,
+            max_output: int | None = None) -> Completed: ...
 
     def push(self, local: str, remote: str) -> None: ...
 

@@ -1,15 +1,27 @@
-"""The local transport: the host itself, through the same interface as ssh and adb."""
+"""The local transport: the host itself, through the same interface as ssh and adb.
+
+A command runs in its own session (process group) so a timed-out command and everything it
+spawned in that group die together. Output is read with a bound (``max_output``) and stderr keeps
+its tail only. A grandchild that left the group (``setsid``) and still holds our pipes cannot keep
+us waiting: once the command itself has exited, its pipes get a short grace period and are then
+closed — the agent's supervisor (device_agents/PROTOCOL.md) kills such orphans on the device side.
+"""
 
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import signal
 import subprocess
+import threading
+import time
 from typing import Sequence
 
-from edgetune.devices.base import Completed
+from edgetune.devices.base import DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, keep_tail
 from edgetune.errors import DeviceError
+
+_PIPE_GRACE_S = 1.0  # how long pipes may stay open after the command exited
 
 
 class LocalTransport:
@@ -19,10 +31,11 @@ class LocalTransport:
     def __init__(self, env: dict[str, str] | None = None):
         self._env = env
 
-    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None) -> Completed:
+    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None,
+            max_output: int | None = None) -> Completed:
         argv = [str(a) for a in argv]
+        limit = DEFAULT_MAX_OUTPUT if max_output is None else int(max_output)
         try:
-            # own process group so a hung candidate and anything it spawned die together
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -36,12 +49,7 @@ class LocalTransport:
         except PermissionError as exc:
             return Completed(126, b"", f"{argv[0]}: {exc.strerror}".encode())
         try:
-            out, err = proc.communicate(stdin, timeout=timeout)
-            return Completed(proc.returncode, out, err)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            return Completed(-signal.SIGKILL, out, err, timed_out=True)
+            return _collect(proc, stdin, time.monotonic() + timeout, limit)
         except BaseException:
             _kill_group(proc)
             proc.wait()
@@ -55,6 +63,68 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the command did not read all of it (or died): its exit status says why
+    finally:
+        try:
+            proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+
+def _collect(proc: subprocess.Popen, stdin: bytes | None, deadline: float, limit: int) -> Completed:
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
+    out, err = bytearray(), bytearray()
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    timed_out = overflow = False
+    exited_at: float | None = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > _PIPE_GRACE_S:
+                break  # an escaped grandchild holds the pipes: the command's answer is complete
+            if now >= deadline:
+                timed_out = True
+                break
+            wait = min(deadline - now, 0.1 if exited_at is None else _PIPE_GRACE_S)
+            for key, _ in sel.select(wait):
+                chunk = os.read(key.fileobj.fileno(), 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf = key.data
+                buf += chunk
+                if buf is err:
+                    keep_tail(err, MAX_STDERR)
+                elif len(out) > limit:
+                    del out[limit:]
+                    overflow = True
+            if overflow:
+                break
+    finally:
+        sel.close()
+        for f in (proc.stdout, proc.stderr):
+            f.close()
+    if timed_out or overflow:
+        _kill_group(proc)
+    try:
+        rc = proc.wait(timeout=max(0.0, deadline - time.monotonic()) + _PIPE_GRACE_S)
+    except subprocess.TimeoutExpired:  # it closed its pipes and goes on: the deadline applies
+        _kill_group(proc)
+        rc, timed_out = proc.wait(), True
+    if timed_out:
+        return Completed(-signal.SIGKILL, bytes(out), bytes(err), timed_out=True)
+    return Completed(rc, bytes(out), bytes(err), overflow=overflow)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -36,7 +36,7 @@ from typing import Sequence
 import paramiko
 from paramiko.common import cMSG_CHANNEL_REQUEST
 
-from edgetune.devices.base import Completed, shell_join
+from edgetune.devices.base import DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, keep_tail, shell_join
 from edgetune.errors import (
     AuthError,
     DeviceError,
@@ -361,12 +361,14 @@ class SshTransport:
                     raise DeviceUnreachable(f"{self.address}: cannot open a session: {exc}") from None
         raise AssertionError("unreachable")
 
-    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None) -> Completed:
+    def run(self, argv: Sequence[str], timeout: float, stdin: bytes | None = None,
+            max_output: int | None = None) -> Completed:
+        limit = DEFAULT_MAX_OUTPUT if max_output is None else int(max_output)
         command = "printf 'edgetune-pid:%s\\n' \"$$\" && exec " + shell_join(argv)
         deadline = time.monotonic() + timeout
         chan = self._open_channel()
         try:
-            return self._run_on(chan, command, deadline, stdin)
+            return self._run_on(chan, command, deadline, stdin, limit)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self._drop()
             raise DeviceUnreachable(f"{self.address}: connection lost during command: {exc}") from None
@@ -374,7 +376,7 @@ class SshTransport:
             chan.close()
 
     def _run_on(self, chan: paramiko.Channel, command: str, deadline: float,
-                stdin: bytes | None) -> Completed:
+                stdin: bytes | None, limit: int) -> Completed:
         chan.fileno()  # from now on the channel's data and its closing wake select()
         chan.exec_command(command)
         if stdin:
@@ -385,12 +387,16 @@ class SshTransport:
         t = chan.get_transport()
         out, err = bytearray(), bytearray()
         pid: int | None = None
-        timed_out = False
+        timed_out = overflow = False
         # until stdout/stderr end (EOF) or the deadline
         while True:
             _drain(chan, out, err)
             if pid is None:
                 pid, out = _take_pid(out)
+            if pid is not None and len(out) > limit:  # a device cannot make us hold more
+                del out[limit:]
+                overflow = True
+                break
             if chan.eof_received or chan.closed:
                 break
             if not t.is_active():
@@ -403,9 +409,9 @@ class SshTransport:
         # a command may close its output and keep running: its exit status is due by the deadline
         if not timed_out and not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
             timed_out = True
-        if timed_out:
-            self._kill(chan, pid, out, err)
-            return Completed(-signal.SIGKILL, bytes(out), bytes(err), timed_out=True)
+        if timed_out or overflow:
+            self._kill(chan, pid, out, err, limit)
+            return Completed(-signal.SIGKILL, bytes(out[:limit]), bytes(err), timed_out=timed_out, overflow=overflow)
         _drain(chan, out, err)
         if chan.exit_status == -1 and getattr(chan, "edgetune_signal", None) is None:
             if not t.is_active():
@@ -414,12 +420,13 @@ class SshTransport:
             pid, out = _take_pid(out, final=True)
         return Completed(_returncode(chan), bytes(out), bytes(err))
 
-    def _kill(self, chan: paramiko.Channel, pid: int | None, out: bytearray, err: bytearray) -> int | None:
+    def _kill(self, chan: paramiko.Channel, pid: int | None, out: bytearray, err: bytearray,
+              limit: int) -> int | None:
         """Kill the timed-out command's process group through a second channel."""
         grace = time.monotonic() + _KILL_GRACE_S
         while pid is None and time.monotonic() < grace and not (chan.eof_received or chan.closed):
             _wait_readable(chan, grace - time.monotonic())
-            _drain(chan, out, err)
+            _drain(chan, out, err, limit)
             pid, out[:] = _take_pid(out)
         if not pid or pid <= 1:  # never `kill -1`: that is every process we may signal
             log.warning("%s: command timed out before reporting its pid; closing its channel only",
@@ -436,8 +443,8 @@ class SshTransport:
         # collect what the command wrote before it died
         while not (chan.eof_received or chan.closed) and time.monotonic() < grace:
             _wait_readable(chan, grace - time.monotonic())
-            _drain(chan, out, err)
-        _drain(chan, out, err)
+            _drain(chan, out, err, limit)
+        _drain(chan, out, err, limit)
         return pid
 
     # -- files -------------------------------------------------------------------------------
@@ -515,11 +522,18 @@ def _feed_stdin(chan: paramiko.Channel, data: bytes) -> None:
         pass  # the command exited without reading all of it, or the connection went: run() sees it
 
 
-def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> None:
+def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray, limit: int | None = None) -> None:
+    """Move what has arrived into out/err: stderr keeps its tail; past ``limit`` stdout is read
+    and dropped (so the channel window keeps moving while a killed command's output drains)."""
     while chan.recv_ready():
-        out += chan.recv(1 << 16)
+        chunk = chan.recv(1 << 16)
+        if limit is None or len(out) <= limit:
+            out += chunk
+        if limit is not None and len(out) > 2 * limit:
+            del out[2 * limit:]
     while chan.recv_stderr_ready():
         err += chan.recv_stderr(1 << 16)
+        keep_tail(err, MAX_STDERR)
 
 
 def _wait_readable(chan: paramiko.Channel, timeout: float) -> None:

@@ -15,7 +15,6 @@ and clock from the agent's fingerprint), plus the cross compiler that links its 
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -24,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from edgetune.agent.host import AgentClient, AgentInfo, Job, JobResult
+from edgetune.agent.host import AgentClient, AgentInfo, Job, JobResult, default_workdir
 from edgetune.devices.inventory import DeviceSpec, fingerprint_key
 from edgetune.errors import DeviceError, UserInputError
 from edgetune.kernels.measurement import CudaLocalMeasure, KernelRun
@@ -36,7 +35,7 @@ KERNEL_WORKDIR_SUFFIX = "-kernels"
 
 def kernel_spec(spec: DeviceSpec, suffix: str = KERNEL_WORKDIR_SUFFIX) -> DeviceSpec:
     """``spec`` forced onto the native agent, in a work dir of its own (next to the device's usual one)."""
-    base = spec.workdir or str(Path(tempfile.gettempdir()) / f"edgetune-local-{os.getuid()}")
+    base = default_workdir(spec)
     options = {**spec.options, "native": True, "workdir": base.rstrip("/") + suffix}
     return DeviceSpec(spec.name, spec.url, options)
 

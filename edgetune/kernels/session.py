@@ -608,14 +608,12 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
 def _python_agent(spec, transport, num_threads: int) -> tuple[Any, Any, str]:
     """(client, info, "") on the device's Python agent (own work dir, sharing the kernel agent's
     connection), or (None, None, why not)."""
-    import os
-
-    from edgetune.agent.host import AgentClient
+    from edgetune.agent.host import AgentClient, default_workdir
     from edgetune.devices.inventory import DeviceSpec
 
     if spec.options.get("native"):
         return None, None, "the device is configured native-only (no Python agent)"
-    base = spec.workdir or str(Path(tempfile.gettempdir()) / f"edgetune-local-{os.getuid()}")
+    base = default_workdir(spec)
     pspec = DeviceSpec(spec.name, spec.url, {**spec.options, "workdir": base.rstrip("/") + "-kbase"})
     client = AgentClient(pspec, transport=transport)
     try:

@@ -44,7 +44,7 @@ def agent_job(agent: Path, work: Path, name: str, backend: str, artifact: Path, 
     for k, a in enumerate(inputs):
         np.save(job / f"in_{k}.npy", a)
         paths.append(f"in_{k}.npy")
-    req = {"protocol": 2, "backend": backend, "artifact": str(artifact),
+    req = {"protocol": 3, "backend": backend, "artifact": str(artifact),
            "artifact_sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "params": params,
            "input_names": [f"x{k}" for k in range(len(inputs))] if backend != "ort" else ["x"],
            "inputs": [paths], "outputs": outputs, "fresh_seed": 12345, "check_iters": 4, "check_fastest": 2, "probe_pairs": 8, "warmup_ms": 100.0,

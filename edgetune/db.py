@@ -1,34 +1,60 @@
-"""SQLite store: one file, WAL, schema-versioned, append-only records.
+"""SQLite store: one file, WAL, schema-versioned, append-only records, shared by any number of
+edgetune processes.
 
 Every record is keyed by workload (model hash + input shapes + inputs), device fingerprint,
 candidate key and versions. Each record is committed on its own, so an interrupted tune (Ctrl-C,
 kill -9) loses at most the job in flight, and a resumed run skips what is already recorded.
+
+Sharing. Schema creation and migration run in one write transaction (BEGIN IMMEDIATE) behind a
+busy timeout, so processes opening a fresh database at once all succeed. A run is *held* by one
+process at a time through a lease in its row (``owner``, ``lease_until``): ``start_run`` takes a
+free run, or one whose holder is gone, and otherwise waits for it (two processes measuring one
+device at once would spoil each other's timings, so an identical run waits, then resumes and skips
+what the first recorded). The Store's heartbeat thread renews its leases every HEARTBEAT_S for
+LEASE_S; ``finish_run`` / ``release_run`` give a run back with its final status. A holder on this
+host whose process is gone is taken over at once; a holder elsewhere once its lease has expired.
+Only the holder writes a run's records; the (run, shape, candidate, round) key is never written
+twice (a second write returns the first one's id).
+
+Files. The database (and SQLite's -wal/-shm, which take its mode) is created 0600 and must be
+ours; the default one lives in the private edgetune home (devices/inventory.private_home).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import sqlite3
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from edgetune.devices.inventory import edgetune_home
+from edgetune.devices.inventory import edgetune_home, private_home
 from edgetune.errors import StoreError
+from edgetune.private import FILE_MODE, create_private_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs.owner, runs.lease_until (run leases)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+LEASE_S = 30.0  # a holder that has not renewed its lease for this long is presumed gone
+HEARTBEAT_S = 5.0  # how often a Store renews the leases it holds
+WAIT_POLL_S = 0.5  # how often a waiting start_run looks again
+
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+_TABLES = ("""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""", """
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     created REAL NOT NULL,
     finished REAL,
-    status TEXT NOT NULL,             -- running | complete
+    status TEXT NOT NULL,             -- running | complete | down | failed: <error> | interrupted
     model_path TEXT NOT NULL,
     model_sha256 TEXT NOT NULL,
     device TEXT NOT NULL,
@@ -36,8 +62,10 @@ CREATE TABLE IF NOT EXISTS runs (
     fingerprint TEXT NOT NULL,        -- JSON
     versions TEXT NOT NULL,           -- JSON
     config TEXT NOT NULL,             -- JSON: budget, sweeps, spaces, command
-    summary TEXT                      -- JSON, written when complete
-);
+    summary TEXT,                     -- JSON, written when complete
+    owner TEXT,                       -- holder of the run while running (Owner), NULL once released
+    lease_until REAL                  -- unix time the holder's lease ends unless renewed
+)""", """
 CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -57,9 +85,9 @@ CREATE TABLE IF NOT EXISTS records (
     agent_ms REAL NOT NULL,
     created REAL NOT NULL,
     UNIQUE (run_id, shape_key, candidate_key, round)
-);
-CREATE INDEX IF NOT EXISTS records_lookup ON records (workload_key, fingerprint_key, candidate_key);
-"""
+)""", """
+CREATE INDEX IF NOT EXISTS records_lookup ON records (workload_key, fingerprint_key, candidate_key)""")
+_LEASE_COLUMNS = (("owner", "TEXT"), ("lease_until", "REAL"))
 
 
 @dataclass(frozen=True)
@@ -87,111 +115,409 @@ def default_db_path() -> Path:
     return Path(os.environ.get("EDGETUNE_DB") or edgetune_home() / "edgetune.db")
 
 
+# ---- run holders ---------------------------------------------------------------------------
+
+_HOST = socket.gethostname()
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:12]
+    except OSError:
+        return ""
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process from /proc, or None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a run: a process on a host. Stored as ``pid@host#boot.start.token``; boot id and
+    process start time tell a pid reused later (or after a reboot) from the holder, the token one
+    Store from another in the same process."""
+
+    pid: int
+    host: str
+    boot: str
+    start: str
+    token: str
+
+    @classmethod
+    def mine(cls) -> "Owner":
+        st = _proc_stat(os.getpid())
+        return cls(os.getpid(), _HOST, _boot_id(), st[1] if st else "", uuid.uuid4().hex[:8])
+
+    @classmethod
+    def parse(cls, text: str) -> "Owner | None":
+        try:
+            pid, rest = text.split("@", 1)
+            host, tag = rest.rsplit("#", 1)
+            boot, start, token = tag.split(".")
+            return cls(int(pid), host, boot, start, token)
+        except ValueError:
+            return None
+
+    def __str__(self) -> str:
+        return f"{self.pid}@{self.host}#{self.boot}.{self.start}.{self.token}"
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+    def gone(self) -> bool:
+        """True when this holder is known to have ended: a process on this host that no longer
+        runs (or is a zombie, or is another process under a reused pid). A holder on another host
+        cannot be seen from here: only its lease tells."""
+        if self.host != _HOST:
+            return False
+        boot = _boot_id()
+        if self.boot and boot and self.boot != boot:
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # alive, another user's
+        st = _proc_stat(self.pid)
+        if st is not None and (st[0] in ("Z", "X") or (self.start and st[1] != self.start)):
+            return True
+        return False
+
+
+class LeaseLost(StoreError):
+    """Another process took over a run this one held (its lease had expired)."""
+
+
+# ---- stored samples ------------------------------------------------------------------------
+
+def samples_problem(blob: Any) -> str:
+    """What makes a stored sample array unusable as timings ("" when nothing). Older versions
+    stored whatever an agent sent; a timing is a positive whole number of nanoseconds."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        return "not a sample array"
+    if len(blob) % 8:
+        return f"{len(blob)} bytes is not a whole number of int64 samples"
+    arr = np.frombuffer(blob, dtype="<i8")
+    bad = int(np.count_nonzero(arr <= 0))
+    return f"{bad} of {arr.size} samples are zero or negative" if bad else ""
+
+
+def _samples_ok(blob: Any) -> int:  # SQL function for counts: a non-empty, valid sample array
+    return int(isinstance(blob, (bytes, bytearray, memoryview)) and len(blob) > 0 and not samples_problem(blob))
+
+
 class Store:
     def __init__(self, path: str | os.PathLike | None = None, create: bool = True):
-        self.path = Path(path) if path else default_db_path()
-        if not create and not self.path.exists():
-            raise StoreError(f"database not found: {self.path}")
+        raw = os.fspath(path) if path else os.environ.get("EDGETUNE_DB") or ""
+        if _URL_RE.match(str(raw)):  # before Path(): it would fold "postgresql://h" into a directory name
+            raise StoreError("--db takes an SQLite file path; database URLs are not supported yet "
+                             f"(got a {str(raw).split(':', 1)[0]}:// URL)")
+        self.memory = raw == ":memory:"
+        self.owner = Owner.mine()
+        self._lock = threading.RLock()  # one connection, shared by a tune's device threads and the heartbeat
+        self._held: set[str] = set()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._closed = False
+        if raw:
+            self.path = Path(raw)
+        else:
+            home = edgetune_home()
+            self.path = home / "edgetune.db"
+            if create or home.exists():
+                private_home()  # the default home is the one directory created for the user
+        if not self.memory:
+            self._check_file(create)
         try:
-            if create:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
                                         check_same_thread=False)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.execute("PRAGMA foreign_keys=ON")
-            self._init_schema()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot use database {self.path}: {exc}") from exc
+        try:
+            self.conn.execute("PRAGMA busy_timeout=30000")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self.conn.create_function("samples_ok", 1, _samples_ok, deterministic=True)
+            # switching a fresh file to WAL and creating the schema need the write lock; SQLite does
+            # not always call its busy handler there (a journal-mode change answers SQLITE_BUSY at
+            # once while another process does the same), so those two steps wait here
+            _while_busy(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
+            _while_busy(self._init_schema)
+        except sqlite3.DatabaseError as exc:
+            self.conn.close()
+            raise StoreError(f"cannot use database {self.path}: {exc}") from exc
+        except BaseException:
+            self.conn.close()
+            raise
+        if not self.memory:
+            for f in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                _tighten_file(f)  # one of ours made by an older edgetune with the umask's 0644
+
+    def _check_file(self, create: bool) -> None:
+        """The database file exists (created 0600 when allowed) and is ours; nothing is created
+        in a directory that does not exist."""
+        p = self.path
+        if not os.path.lexists(p):
+            if not create:
+                raise StoreError(f"database not found: {p}")
+            if not p.parent.is_dir():
+                raise StoreError(f"cannot create database {p}: directory {p.parent} does not exist")
+            try:
+                create_private_file(p)
+            except OSError as exc:
+                raise StoreError(f"cannot create database {p}: {exc.strerror or exc}") from None
+        try:
+            st = os.stat(p)
         except OSError as exc:
-            raise StoreError(f"cannot create database {self.path}: {exc.strerror}") from exc
+            raise StoreError(f"cannot use database {p}: {exc.strerror or exc}") from None
+        if st.st_uid != os.getuid():
+            raise StoreError(f"database {p} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}); "
+                             f"refusing to use it")
+
+    def _schema_version(self) -> str | None:
+        try:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
+        return row[0] if row else None
 
     def _init_schema(self) -> None:
-        # executescript commits implicitly; run it outside our transaction helper
-        self.conn.executescript(_SCHEMA)
-        row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise StoreError(f"database {self.path} has schema version {row[0]}, this edgetune reads {SCHEMA_VERSION}")
+        """Create or migrate the schema in one write transaction: of processes opening a fresh or
+        older database at once, one does it and the others find it done."""
+        if self._schema_version() == str(SCHEMA_VERSION):
+            return
+        with self.tx() as c:
+            version = self._schema_version()
+            if version == str(SCHEMA_VERSION):
+                return
+            if version not in (None, "1"):
+                raise StoreError(f"database {self.path} has schema version {version}, "
+                                 f"this edgetune reads {SCHEMA_VERSION}")
+            for stmt in _TABLES:  # (version 1, or an older edgetune that died before writing meta)
+                c.execute(stmt)
+            have = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
+            for col, kind in _LEASE_COLUMNS:  # 1 -> 2: every run and record kept as it is
+                if col not in have:
+                    c.execute(f"ALTER TABLE runs ADD COLUMN {col} {kind}")
+            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     class _Tx:
-        def __init__(self, conn):
-            self.conn = conn
+        def __init__(self, store: "Store"):
+            self.store = store
 
         def __enter__(self):
-            self.conn.execute("BEGIN IMMEDIATE")
-            return self.conn
+            self.store._lock.acquire()
+            try:
+                self.store.conn.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self.store._lock.release()
+                raise
+            return self.store.conn
 
         def __exit__(self, et, ev, tb):
-            self.conn.execute("ROLLBACK" if et else "COMMIT")
+            try:
+                if et is None:
+                    try:
+                        self.store.conn.execute("COMMIT")
+                    except BaseException:
+                        self.store.conn.execute("ROLLBACK")
+                        raise
+                else:
+                    self.store.conn.execute("ROLLBACK")
+            finally:
+                self.store._lock.release()
             return False
 
     def tx(self):
-        return Store._Tx(self.conn)
+        return Store._Tx(self)
+
+    def _query(self, sql: str, args: tuple | list = ()) -> tuple[list[str], list[tuple]]:
+        with self._lock:
+            cur = self.conn.execute(sql, args)
+            return [d[0] for d in cur.description], cur.fetchall()
 
     def close(self) -> None:
-        self.conn.close()
+        """Stop the heartbeat, give back the runs still held (status 'interrupted': whoever held
+        them did not finish or release them), close the connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join(timeout=60)
+        with self._lock:
+            if self._held:
+                try:
+                    with self.tx() as c:
+                        c.execute("UPDATE runs SET status='interrupted', finished=?, owner=NULL, lease_until=NULL"
+                                  " WHERE owner=?", (time.time(), str(self.owner)))
+                except sqlite3.Error:
+                    pass  # the lease runs out by itself; this host takes over at once anyway
+                self._held.clear()
+            self.conn.close()
 
     # ------------------------------------------------------------------------------- runs
-    def get_run(self, run_id: str) -> dict[str, Any] | None:
-        cur = self.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,))
-        row = cur.fetchone()
-        if row is None:
+    def _holder(self, owner: str | None, lease_until: float | None) -> Owner | str | None:
+        """Who holds a run now (None: nobody, it may be taken). This Store counts as a holder."""
+        if not owner:
             return None
-        return _row_dict(cur, row)
+        if owner == str(self.owner):
+            return self.owner
+        if lease_until is None or lease_until < time.time():
+            return None
+        who = Owner.parse(owner)
+        if who is None:
+            return owner  # not ours to read: its lease says how long it holds
+        return None if who.gone() else who
+
+    def _run_dict(self, cols: list[str], row: tuple) -> dict[str, Any]:
+        """A run row, its status as it stands: a 'running' run whose holder is gone is 'interrupted'
+        (killed, or left by a version before leases); ``holder``: who runs it now, or None."""
+        d = dict(zip(cols, row))
+        holder = self._holder(d.get("owner"), d.get("lease_until")) if d["status"] == "running" else None
+        if d["status"] == "running" and holder is None:
+            d["status"] = "interrupted"
+        d["holder"] = holder.describe() if isinstance(holder, Owner) else holder
+        return d
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        cols, rows = self._query("SELECT * FROM runs WHERE id=?", (run_id,))
+        return self._run_dict(cols, rows[0]) if rows else None
 
     def start_run(self, run_id: str, model_path: str, model_sha: str, device: str, fp_key: str,
-                  fingerprint: dict, versions: dict, config: dict) -> bool:
-        """Create the run, or reopen it for resuming. Returns True when it already existed."""
-        try:
-            with self.tx() as c:
-                if c.execute("SELECT 1 FROM runs WHERE id=?", (run_id,)).fetchone():
-                    c.execute("UPDATE runs SET status='running', finished=NULL WHERE id=?", (run_id,))
-                    return True
-                c.execute("INSERT INTO runs (id, created, status, model_path, model_sha256, device, fingerprint_key,"
-                          " fingerprint, versions, config) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                          (run_id, time.time(), "running", model_path, model_sha, device, fp_key,
-                           json.dumps(fingerprint, sort_keys=True), json.dumps(versions, sort_keys=True),
-                           json.dumps(config, sort_keys=True)))
-                return False
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot write database {self.path}: {exc}") from exc
+                  fingerprint: dict, versions: dict, config: dict,
+                  on_wait: Callable[[str], None] | None = None, wait_s: float | None = None) -> bool:
+        """Create the run, or take it up again to resume it; either way this Store holds it until
+        ``finish_run``/``release_run``/``close``. Returns True when it already existed.
+
+        A run held by a live process is waited for (``on_wait(holder)`` is called once when the wait
+        begins; ``wait_s``: give up after that many seconds with StoreError, None: wait as long as
+        the holder lives)."""
+        waited_since: float | None = None
+        while True:
+            try:
+                with self.tx() as c:
+                    row = c.execute("SELECT owner, lease_until FROM runs WHERE id=?", (run_id,)).fetchone()
+                    holder = self._holder(*row) if row else None
+                    lease = time.time() + LEASE_S
+                    if row is None:
+                        c.execute("INSERT INTO runs (id, created, status, model_path, model_sha256, device,"
+                                  " fingerprint_key, fingerprint, versions, config, owner, lease_until)"
+                                  " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                                  (run_id, time.time(), "running", model_path, model_sha, device, fp_key,
+                                   json.dumps(fingerprint, sort_keys=True), json.dumps(versions, sort_keys=True),
+                                   json.dumps(config, sort_keys=True), str(self.owner), lease))
+                    elif holder is None or holder is self.owner:
+                        c.execute("UPDATE runs SET status='running', finished=NULL, owner=?, lease_until=?"
+                                  " WHERE id=?", (str(self.owner), lease, run_id))
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"cannot write database {self.path}: {exc}") from exc
+            if holder is None or holder is self.owner:
+                self._held.add(run_id)
+                self._start_heartbeat()
+                return row is not None
+            who = holder.describe() if isinstance(holder, Owner) else str(holder)
+            now = time.monotonic()
+            if waited_since is None:
+                waited_since = now
+                if on_wait is not None:
+                    on_wait(who)
+            elif wait_s is not None and now - waited_since > wait_s:
+                raise StoreError(f"run {run_id} is held by {who}; gave up waiting after {wait_s:g} s")
+            time.sleep(WAIT_POLL_S)
+
+    def _start_heartbeat(self) -> None:
+        with self._lock:
+            if self._beat is None and not self._closed:
+                self._beat = threading.Thread(target=self._heartbeat, name="edgetune-store-lease", daemon=True)
+                self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                with self.tx() as c:
+                    c.execute("UPDATE runs SET lease_until=? WHERE owner=?", (time.time() + LEASE_S, str(self.owner)))
+            except Exception:
+                pass  # the next beat tries again; a lease lost meanwhile shows at the next write
 
     def finish_run(self, run_id: str, summary: dict) -> None:
-        with self.tx() as c:
-            c.execute("UPDATE runs SET status='complete', finished=?, summary=? WHERE id=?",
-                      (time.time(), json.dumps(summary, sort_keys=True), run_id))
+        self.release_run(run_id, "complete", summary)
+
+    def release_run(self, run_id: str, status: str, summary: dict | None = None) -> None:
+        """Give a held run back with its final status: complete, down (the device went away),
+        failed: <error> (the tune ended on an error), interrupted. Raises LeaseLost when another
+        process took it over meanwhile (its status is then theirs to set)."""
+        try:
+            with self.tx() as c:
+                cur = c.execute("UPDATE runs SET status=?, finished=?, summary=?, owner=NULL, lease_until=NULL"
+                                " WHERE id=? AND owner=?",
+                                (status, time.time(), json.dumps(summary, sort_keys=True) if summary is not None
+                                 else None, run_id, str(self.owner)))
+                if cur.rowcount == 0:
+                    row = c.execute("SELECT owner FROM runs WHERE id=?", (run_id,)).fetchone()
+                    if row is None:
+                        raise StoreError(f"no run '{run_id}' in {self.path}")
+                    if run_id in self._held:
+                        self._held.discard(run_id)
+                        raise LeaseLost(f"run {run_id} was taken over by {_describe(row[0])} while this process "
+                                        f"held it (its lease ran out)")
+                    raise StoreError(f"run {run_id} is not held by this process; it cannot end it")
+        except sqlite3.DatabaseError as exc:  # still held: close() gives it back, or its lease runs out
+            raise StoreError(f"cannot write database {self.path}: {exc}") from exc
+        self._held.discard(run_id)
 
     def runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        cur = self.conn.execute("SELECT * FROM runs ORDER BY created DESC LIMIT ?", (limit,))
-        return [_row_dict(cur, r) for r in cur.fetchall()]
+        cols, rows = self._query("SELECT * FROM runs ORDER BY created DESC LIMIT ?", (limit,))
+        return [self._run_dict(cols, r) for r in rows]
 
     def record_counts(self) -> dict[str, tuple[int, int]]:
-        """run id -> (records, verified records), in one query."""
-        cur = self.conn.execute("SELECT run_id, COUNT(*), SUM(status='verified') FROM records GROUP BY run_id")
-        return {run_id: (n, verified or 0) for run_id, n, verified in cur.fetchall()}
+        """run id -> (records, verified records with valid samples), in one query."""
+        _, rows = self._query("SELECT run_id, COUNT(*), SUM(status='verified' AND samples_ok(samples))"
+                              " FROM records GROUP BY run_id")
+        return {run_id: (n, verified or 0) for run_id, n, verified in rows}
 
     # ---------------------------------------------------------------------------- records
     def add_record(self, *, run_id: str, workload_key: str, shape: dict, shape_key: str, fingerprint_key: str,
                    candidate: dict, versions: dict, round: int, status: str, reason: str, verdict: dict,
                    samples_ns, wall_ms: float, agent_ms: float) -> int:
+        """Store one job's record; returns its id. A record already stored under the same (run,
+        shape, candidate, round) is kept and its id returned (records are append-only). Refused
+        (LeaseLost) when another process holds the run now."""
         blob = np.asarray(samples_ns, dtype="<i8").tobytes()
         try:
             with self.tx() as c:
+                row = c.execute("SELECT owner FROM runs WHERE id=?", (run_id,)).fetchone()
+                if row is not None and row[0] is not None and row[0] != str(self.owner):
+                    raise LeaseLost(f"run {run_id} is held by {_describe(row[0])} now; this process lost its "
+                                    f"lease and stops writing to it")
                 cur = c.execute(
                     "INSERT INTO records (run_id, workload_key, shape, shape_key, fingerprint_key, candidate_key,"
                     " candidate, versions, round, status, reason, verdict, samples, wall_ms, agent_ms, created)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                    " ON CONFLICT (run_id, shape_key, candidate_key, round) DO NOTHING",
                     (run_id, workload_key, json.dumps(shape, sort_keys=True), shape_key, fingerprint_key,
                      candidate["key"], json.dumps(candidate, sort_keys=True), json.dumps(versions, sort_keys=True),
                      round, status, reason, json.dumps(verdict, sort_keys=True), blob, wall_ms, agent_ms, time.time()))
-                return int(cur.lastrowid)
+                if cur.rowcount:
+                    return int(cur.lastrowid)
+                return int(c.execute("SELECT id FROM records WHERE run_id=? AND shape_key=? AND candidate_key=?"
+                                     " AND round=?", (run_id, shape_key, candidate["key"], round)).fetchone()[0])
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot write database {self.path}: {exc}") from exc
 
     def records(self, run_id: str | None = None, workload_key: str | None = None,
                 fingerprint_key: str | None = None, candidate_key: str | None = None) -> list[RecordRow]:
+        """Records in storing order, as every summary must read them: one whose stored samples
+        cannot be timings reads as failed ('invalid stored samples: ...', no samples)."""
         where, args = [], []
         for col, val in (("run_id", run_id), ("workload_key", workload_key), ("fingerprint_key", fingerprint_key)):
             if val is not None:
@@ -201,24 +527,68 @@ class Store:
             where.append("candidate_key LIKE ?")
             args.append(candidate_key + "%")
         sql = "SELECT * FROM records" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
-        cur = self.conn.execute(sql, args)
-        return [_record(_row_dict(cur, r)) for r in cur.fetchall()]
+        cols, rows = self._query(sql, args)
+        return [_record(dict(zip(cols, r))) for r in rows]
 
-    def iter_all(self) -> Iterator[RecordRow]:
-        cur = self.conn.execute("SELECT * FROM records ORDER BY id")
-        for r in cur:
-            yield _record(_row_dict(cur, r))
+    def iter_all(self, checked: bool = True) -> Iterator[RecordRow]:
+        """Every record, in batches. ``checked=False``: as stored (an export keeps what is there;
+        a sample array with a torn tail loses only the torn bytes)."""
+        last = 0
+        while True:
+            cols, rows = self._query("SELECT * FROM records WHERE id > ? ORDER BY id LIMIT 500", (last,))
+            if not rows:
+                return
+            for r in rows:
+                d = dict(zip(cols, r))
+                last = d["id"]
+                yield _record(d, checked)
 
 
-def _row_dict(cur: sqlite3.Cursor, row: tuple) -> dict[str, Any]:
-    return {d[0]: v for d, v in zip(cur.description, row)}
+def _while_busy(step: Callable[[], Any], wait_s: float = 30.0) -> Any:
+    """Run ``step``, again while the database is locked by another process, up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.01
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            msg = str(exc)
+            if ("locked" not in msg and "busy" not in msg) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(0.2, delay * 2)
 
 
-def _record(d: dict[str, Any]) -> RecordRow:
+def _describe(owner: str | None) -> str:
+    who = Owner.parse(owner) if owner else None
+    return who.describe() if who else (owner or "nobody")
+
+
+def _tighten_file(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+        if st.st_uid == os.getuid() and st.st_mode & 0o077 and not os.path.islink(path):
+            os.chmod(path, FILE_MODE)
+    except OSError:
+        pass
+
+
+def _record(d: dict[str, Any], checked: bool = True) -> RecordRow:
+    blob, status, reason = d["samples"], d["status"], d["reason"]
+    problem = samples_problem(blob)
+    if isinstance(blob, (bytes, bytearray, memoryview)):
+        samples = np.frombuffer(bytes(blob)[: len(blob) // 8 * 8], dtype="<i8").copy()
+    else:
+        samples = np.array([], dtype=np.int64)
+    if checked and not problem and status == "verified" and samples.size == 0:
+        problem = "no samples"
+    if checked and problem:
+        note = f"invalid stored samples: {problem}"
+        status, reason, samples = "failed", (note if status == "verified" or not reason else f"{reason}; {note}"), \
+            np.array([], dtype=np.int64)
     return RecordRow(
         id=d["id"], run_id=d["run_id"], workload_key=d["workload_key"], shape=json.loads(d["shape"]),
         shape_key=d["shape_key"], fingerprint_key=d["fingerprint_key"], candidate_key=d["candidate_key"],
         candidate=json.loads(d["candidate"]), versions=json.loads(d["versions"]), round=d["round"],
-        status=d["status"], reason=d["reason"], verdict=json.loads(d["verdict"]),
-        samples_ns=np.frombuffer(d["samples"], dtype="<i8").copy(), wall_ms=d["wall_ms"], agent_ms=d["agent_ms"],
-        created=d["created"])
+        status=status, reason=reason, verdict=json.loads(d["verdict"]),
+        samples_ns=samples, wall_ms=d["wall_ms"], agent_ms=d["agent_ms"], created=d["created"])

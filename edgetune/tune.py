@@ -25,17 +25,19 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 import edgetune
-from edgetune.agent.host import AgentClient, AgentInfo, Job, JobResult
+from edgetune.agent.host import MAX_PROCS, MEMORY_MB, AgentClient, AgentInfo, Job, JobResult
 from edgetune.candidate import Candidate
-from edgetune.db import Store
-from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home
-from edgetune.errors import DeviceError, DeviceUnreachable, HostKeyMismatch, AuthError, UserInputError
+from edgetune.db import LeaseLost, Store
+from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home, home_subdir
+from edgetune.errors import (AuthError, DeviceError, DeviceUnreachable, EdgetuneError, HostKeyMismatch, StoreError,
+                             UserInputError)
 from edgetune.kernels.device_measure import device_peak_gflops
 from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
+from edgetune.text import device_text
 from edgetune.verify import Verdict, verify_job
-from edgetune.workload import Model, Workload, build_workload, load_model, shape_points
+from edgetune.workload import Deadline, Model, Workload, build_workload, load_model, shape_points
 
 ProgressFn = Callable[[dict[str, Any]], None]
 DEFAULT_SPACES = ("ort", "tflite", "tvm-relax")
@@ -179,7 +181,10 @@ class DeviceTuner:
         specs = [{"name": n, "dtype": str(r.dtype), "shape": list(r.shape)} for n, r in zip(wl.output_names, refs[0])]
         job = Job(backend=prep.backend, artifact=prep.artifact, params=prep.params, input_names=wl.input_names,
                   input_sets=wl.input_sets, output_specs=specs, model=prep.model, budget_ms=budget_ms,
-                  warmup_ms=min(50.0, max(5.0, budget_ms / 5)), timeout_s=self.cfg.timeout_s + budget_ms / 1e3 * 3)
+                  warmup_ms=min(50.0, max(5.0, budget_ms / 5)), timeout_s=self.cfg.timeout_s + budget_ms / 1e3 * 3,
+                  # the device's bounds on a candidate (devices.toml: memory_mb, max_procs)
+                  memory_mb=int(self.spec.options.get("memory_mb", MEMORY_MB)),
+                  max_procs=int(self.spec.options.get("max_procs", MAX_PROCS)))
         return self._with_retries(lambda: self.client.run_job(job), "running a job")
 
     def _verify(self, wl: Workload, res: JobResult) -> Verdict:
@@ -306,7 +311,12 @@ class DeviceTuner:
     # ---- whole run ------------------------------------------------------------------------
     def tune(self, model: Model, points: list[dict[str, int]], user_inputs: Mapping[str, np.ndarray],
              command: str = "") -> DeviceOutcome:
+        """Tune on this device. Whatever ends it, the run is given back with a status that says
+        how (complete, down, failed: <error>, interrupted), never left 'running'. Every failure is
+        this device's outcome (the other devices go on); only a private home refused before any
+        device work, an infrastructure StoreError and Ctrl-C end the whole command."""
         out = DeviceOutcome(self.spec.name, "down")
+        self.cache_dir = home_subdir("artifacts")  # private: artifacts hold the user's model
         try:
             info = self.info()
             cands = self.candidates(model, info)
@@ -318,35 +328,45 @@ class DeviceTuner:
             run_id = _run_id(self.spec.name, model, info, points, [c for c, _ in cands], self.cfg, ui_key, versions)
             if self.cfg.fresh:
                 run_id = hashlib.sha256(f"{run_id}{time.time_ns()}".encode()).hexdigest()[:16]
+
+            def waiting(holder: str) -> None:  # an identical run is measuring this device: wait, then resume
+                self.progress({"event": "wait", "device": self.spec.name, "run_id": run_id, "holder": holder,
+                               "message": f"waiting for run {run_id} held by {holder}"})
+
             existed = self.store.start_run(
                 run_id, str(model.path), model.sha256, self.spec.name, info.fingerprint_key,
                 {**info.fingerprint, "arch": info.arch}, versions,
-                {**self.cfg.key_dict(), "points": points, "command": command, "timeout_s": self.cfg.timeout_s})
+                {**self.cfg.key_dict(), "points": points, "command": command, "timeout_s": self.cfg.timeout_s},
+                on_wait=waiting)
             out.run_id, out.resumed = run_id, existed
             self.progress({"event": "start", "device": self.spec.name, "run_id": run_id, "resumed": existed,
                            "candidates": len(cands), "points": len(points),
                            "total_jobs": len(points) * (len(cands) + self.cfg.rounds * (self.cfg.finalists + 2)
                                                          + self.cfg.confirm_rounds * 2)})
             start = time.monotonic()
+            # host-side work on the model (references, FLOP count) counts against the budget too
+            deadline = Deadline(start + self.cfg.budget_s, self.cfg.budget_s)
             for i, bindings in enumerate(points):
-                wl = build_workload(model, bindings, user_inputs, seed=self.cfg.seed)
-                wl.references()  # fail early (shape that does not fit) before any device work
+                wl = build_workload(model, bindings, user_inputs, seed=self.cfg.seed, deadline=deadline)
+                wl.flops(deadline=deadline)
                 share_end = start + self.cfg.budget_s * (i + 1) / len(points)
                 self.tune_shape(run_id, model, info, wl, cands, versions, share_end)
             out.summary = summarize_run(self.store, run_id)
             out.summary.status = "complete"
             self.store.finish_run(run_id, out.summary.as_dict())
             out.status = "complete"
-        except (DeviceError, UserInputError) as exc:
-            if isinstance(exc, UserInputError) and not isinstance(exc, DeviceError):
-                raise
-            out.error = str(exc)
-            self.progress({"event": "down", "device": self.spec.name, "error": str(exc)})
+        except Exception as exc:
+            out.status = "down"
+            out.error = outcome_error(exc)
+            self.progress({"event": "down", "device": self.spec.name, "error": out.error})
             if out.run_id:
-                try:
-                    out.summary = summarize_run(self.store, out.run_id)
-                except Exception:
-                    pass
+                self._give_back(out, "down" if isinstance(exc, DeviceError) else f"failed: {out.error}")
+            if isinstance(exc, StoreError) and not isinstance(exc, LeaseLost):
+                raise  # the database failed: every device's results go there
+        except BaseException:  # Ctrl-C, SystemExit: give the run back, then stop everything
+            if out.run_id:
+                self._give_back(out, "interrupted")
+            raise
         finally:
             out.jobs_run, out.jobs_skipped = self.jobs_run, self.jobs_skipped
             if self.client is not None:
@@ -355,6 +375,27 @@ class DeviceTuner:
                 except Exception:
                     pass
         return out
+
+    def _give_back(self, out: DeviceOutcome, status: str) -> None:
+        """Release an unfinished run with ``status`` and keep what summary its records give."""
+        try:
+            out.summary = summarize_run(self.store, out.run_id)
+        except Exception:
+            out.summary = None
+        status = status[:500]
+        if out.summary is not None:
+            out.summary.status = status
+        try:
+            self.store.release_run(out.run_id, status, out.summary.as_dict() if out.summary else None)
+        except Exception:
+            pass  # lost to another holder, or the database failed: its lease runs out, this host takes it over
+
+
+def outcome_error(exc: BaseException) -> str:
+    """One line for a device's failure: edgetune's own errors as they are; anything else is a bug
+    or a forged reply that slipped through, named as an internal error."""
+    text = str(exc) if isinstance(exc, EdgetuneError) else f"internal error: {type(exc).__name__}: {exc}"
+    return device_text(" ".join(text.split()), 500)  # it may quote what a device sent
 
 
 def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, dims: Sequence[str] = (),
@@ -367,7 +408,8 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
     cfg = config or TuneConfig()
     if isinstance(devices, str):
         devices = [devices]
-    model = load_model(model_path)
+    deadline = Deadline.after(cfg.budget_s)  # loading and checking the model on the host count too
+    model = load_model(model_path, deadline=deadline)
     dim_values = parse_dims(dims, model)
     sweep_values = parse_sweeps(sweeps, model)
     user_inputs = load_user_inputs(inputs)
@@ -380,7 +422,7 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
                 dim_values[d] = int(n)
     points = shape_points(model, dim_values, sweep_values)
     for p in points:  # validate every shape point on the host before touching a device
-        build_workload(model, p, user_inputs, n_seeded=1, seed=cfg.seed).references()
+        build_workload(model, p, user_inputs, n_seeded=1, seed=cfg.seed, deadline=deadline)
     inv = inventory or Inventory()
     specs = [inv.get(d) for d in dict.fromkeys(devices)]
     store = Store(db)
@@ -395,8 +437,14 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
     errors: list[BaseException] = []
 
     def work(i: int, spec: DeviceSpec) -> None:
+        # one device's failure is that device's outcome; the others go on
         try:
             outcomes[i] = DeviceTuner(spec, store, cfg, safe_progress).tune(model, points, user_inputs, command)
+        except (UserInputError, StoreError) as exc:  # before device work, or the database: the whole command
+            errors.append(exc)
+        except Exception as exc:  # a bug outside DeviceTuner.tune's own net
+            outcomes[i] = DeviceOutcome(spec.name, "down", outcome_error(exc))
+            safe_progress({"event": "down", "device": spec.name, "error": outcomes[i].error})
         except BaseException as exc:  # surfaced in the caller's thread
             errors.append(exc)
 

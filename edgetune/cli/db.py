@@ -14,6 +14,7 @@ from rich.table import Table
 from edgetune.cli.common import DbOpt, Format, FormatOpt, console, emit_json, run_guarded
 from edgetune.cli.examples import epilog
 from edgetune.errors import UserInputError
+from edgetune.text import safe
 
 app = typer.Typer(no_args_is_help=True, help="Inspect and export the results database.", epilog=epilog("db"))
 
@@ -35,8 +36,9 @@ def ls_cmd(db: Optional[str] = DbOpt, fmt: Format = FormatOpt, limit: int = type
             rows = []
             for r in runs:
                 n = counts.get(r["id"], (0, 0))
+                # status as it stands: a run nobody runs any more reads 'interrupted', never 'running'
                 rows.append({"run_id": r["id"], "device": r["device"], "model": r["model_path"],
-                             "status": r["status"], "records": n[0], "verified": n[1],
+                             "status": r["status"], "holder": r["holder"], "records": n[0], "verified": n[1],
                              "fingerprint_key": r["fingerprint_key"], "created": r["created"]})
         finally:
             store.close()
@@ -45,7 +47,8 @@ def ls_cmd(db: Optional[str] = DbOpt, fmt: Format = FormatOpt, limit: int = type
             return
         t = Table("run", "device", "model", "status", "records", "verified", "fingerprint")
         for r in rows:
-            t.add_row(r["run_id"], r["device"], Path(r["model"]).name, r["status"], str(r["records"]),
+            status = f"{r['status']} ({r['holder']})" if r["holder"] else r["status"]
+            t.add_row(r["run_id"], safe(r["device"]), safe(Path(r["model"]).name), safe(status), str(r["records"]),
                       str(r["verified"]), r["fingerprint_key"])
         console.print(t)
     run_guarded(body)

@@ -5,11 +5,15 @@ URLs: ``local``, ``ssh://user@host[:port]``, ``adb://SERIAL[@adbhost:port]``.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
+import stat
 import tomllib
+import unicodedata
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,15 +21,75 @@ from typing import Any
 from edgetune.devices.adb import AdbTransport
 from edgetune.devices.local import LocalTransport
 from edgetune.errors import DeviceError, MissingExtra, UserInputError
+from edgetune.private import DIR_MODE, FILE_MODE, NotPrivate, check_private_dir, private_dir, write_private
 
-DEFAULT_WORKDIRS = {"local": None, "ssh": "/tmp/edgetune", "adb": "/data/local/tmp/edgetune"}
+# work dirs are private to the user (0700, owner checked before use): never a predictable shared
+# /tmp path. "~/" is the device user's home; local's default is EDGETUNE_HOME/work (agent/host.py)
+DEFAULT_WORKDIRS = {"local": None, "ssh": "~/.cache/edgetune", "adb": "/data/local/tmp/edgetune"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SSH_RE = re.compile(r"^ssh://(?:(?P<user>[^@/:]+)@)?(?P<host>\[[^\]]+\]|[^:/@]+)(?::(?P<port>\d+))?/?$")
 _ADB_RE = re.compile(r"^adb://(?P<serial>[^@]+)(?:@(?P<host>[^:]+):(?P<port>\d+))?$")
 
 
+HOME_SUBDIRS = ("artifacts", "kernels", "models")
+
+
 def edgetune_home() -> Path:
+    """Where edgetune keeps its state (database, inventory, artifacts); see ``private_home``."""
     return Path(os.environ.get("EDGETUNE_HOME") or Path.home() / ".edgetune")
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """Take group/other bits off a file or directory of ours (one made by an older edgetune with
+    the umask's 0755/0644). Anything not ours, or a link, is left for the owner check to refuse."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or not st.st_mode & 0o077:
+        return
+    try:
+        os.chmod(path, mode)
+    except OSError:
+        pass  # a read-only file system: the check that follows says what is wrong
+
+
+def private_home() -> Path:
+    """The edgetune home, created 0700 when absent. Results, inventory and artifacts live there,
+    so it is ours and closed to others: one of ours left open (0755) is tightened, one owned by
+    another user is refused (NotPrivate, one line). Subdirectories that exist are tightened too;
+    ``home_subdir`` creates one."""
+    home = edgetune_home()
+    if os.path.lexists(home):
+        _tighten(home, DIR_MODE)
+        check_private_dir(home, "edgetune home")
+    else:
+        private_dir(home, "edgetune home")
+    for name in HOME_SUBDIRS:
+        sub = home / name
+        if os.path.lexists(sub):
+            _tighten(sub, DIR_MODE)
+            check_private_dir(sub, "edgetune directory")
+    return home
+
+
+def home_subdir(name: str) -> Path:
+    """``private_home() / name``, created 0700 when absent (artifacts, kernels, models)."""
+    return private_dir(private_home() / name, "edgetune directory")
+
+
+def private_file(path: Path, what: str) -> None:
+    """Refuse a state file owned by another user; tighten one of ours that others can read."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UserInputError(f"{what} {path} cannot be checked: {exc.strerror or exc}") from None
+    if st.st_uid != os.getuid():
+        raise NotPrivate(f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}); "
+                         f"refusing to use it")
+    _tighten(path, FILE_MODE)
 
 
 @dataclass(frozen=True)
@@ -83,15 +147,21 @@ class Inventory:
     """The devices.toml file. ``local`` always exists."""
 
     def __init__(self, path: str | os.PathLike | None = None):
+        self.in_home = not path
         self.path = Path(path) if path else edgetune_home() / "devices.toml"
 
     def load(self) -> dict[str, DeviceSpec]:
+        """The devices; reading creates nothing (no inventory file: ``local`` only). The file names
+        hosts, keys and work dirs we will trust, so one owned by another user is refused."""
         devices = {"local": DeviceSpec("local", "local", {})}
         if not self.path.exists():
             return devices
+        if self.in_home:
+            private_home()
+        private_file(self.path, "device inventory")
         try:
-            data = tomllib.loads(self.path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            data = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise UserInputError(f"device inventory {self.path} is unreadable: {exc}") from exc
         for name, entry in data.get("devices", {}).items():
             if not isinstance(entry, dict) or "url" not in entry:
@@ -111,48 +181,103 @@ class Inventory:
         if not _NAME_RE.match(name) or name == "local":
             raise UserInputError(f"device name '{name}' is invalid (letters, digits, _ . -; not 'local')")
         parse_url(url)
-        devices = self.load()
-        if name in devices:
-            raise UserInputError(f"device '{name}' already exists; remove it first with 'edgetune devices rm {name}'")
-        devices[name] = DeviceSpec(name, url, {k: v for k, v in options.items() if v is not None})
-        self._save(devices)
+        opts = {k: v for k, v in options.items() if v is not None}
+        _toml_text({name: DeviceSpec(name, url, opts)})  # refuses what TOML cannot hold, before any change
+        with self._locked():
+            devices = self.load()
+            if name in devices:
+                raise UserInputError(f"device '{name}' already exists; remove it first with 'edgetune devices rm {name}'")
+            devices[name] = DeviceSpec(name, url, opts)
+            self._save(devices)
         return devices[name]
 
     def remove(self, name: str) -> None:
-        devices = self.load()
-        if name not in devices or name == "local":
-            raise UserInputError(f"unknown device '{name}'")
-        del devices[name]
-        self._save(devices)
+        with self._locked():
+            devices = self.load()
+            if name not in devices or name == "local":
+                raise UserInputError(f"unknown device '{name}'")
+            del devices[name]
+            self._save(devices)
+
+    def _parent(self) -> Path:
+        if self.in_home:
+            return private_home()
+        parent = self.path.parent
+        try:
+            parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserInputError(f"cannot write device inventory {self.path}: {exc.strerror or exc}") from None
+        return parent
+
+    @contextmanager
+    def _locked(self):
+        """Serialize read-modify-write of the inventory between processes (two 'devices add' at once
+        would otherwise lose one of the devices)."""
+        self._parent()
+        lock = self.path.with_name(f".{self.path.name}.lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        except OSError as exc:
+            raise UserInputError(f"cannot lock device inventory {self.path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _save(self, devices: dict[str, DeviceSpec]) -> None:
-        lines = ["# edgetune device inventory", ""]
-        for name, spec in sorted(devices.items()):
-            if name == "local":
-                continue
-            lines.append(f"[devices.{_toml_str(name)}]")
-            lines.append(f"url = {_toml_str(spec.url)}")
-            for k, v in sorted(spec.options.items()):
-                lines.append(f"{k} = {_toml_value(v)}")
-            lines.append("")
+        text = _toml_text(devices)
+        self._parent()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("\n".join(lines))
-            os.replace(tmp, self.path)
+            write_private(self.path, text)  # atomic, 0600
         except OSError as exc:
-            raise UserInputError(f"cannot write device inventory {self.path}: {exc.strerror}") from exc
+            raise UserInputError(f"cannot write device inventory {self.path}: {exc.strerror or exc}") from exc
+
+
+def _toml_text(devices: dict[str, DeviceSpec]) -> str:
+    lines = ["# edgetune device inventory", ""]
+    for name, spec in sorted(devices.items()):
+        if name == "local":
+            continue
+        lines.append(f"[devices.{_toml_str(name)}]")
+        lines.append(f"url = {_toml_str(spec.url)}")
+        for k, v in sorted(spec.options.items()):
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(k: str) -> str:
+    return k if _BARE_KEY.match(k) else _toml_str(k)
 
 
 def _toml_str(s: str) -> str:
-    return json.dumps(str(s), ensure_ascii=False)
+    """A TOML basic string. TOML forbids raw control characters (DEL included) and has no escape
+    for a UTF-16 surrogate (what json.dumps writes for emoji with ensure_ascii): control characters
+    become \\uXXXX, quote and backslash are escaped, every other character is written as it is."""
+    out = []
+    for ch in str(s):
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif unicodedata.category(ch) == "Cc":
+            out.append(f"\\u{code:04X}")
+        elif 0xD800 <= code <= 0xDFFF:
+            raise UserInputError(f"{s!r} is not valid text (it holds a lone UTF-16 surrogate); "
+                                 f"a device inventory cannot store it")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
-        return repr(v)
+        return repr(v)  # TOML spells inf and nan as Python does
     return _toml_str(v)
 
 

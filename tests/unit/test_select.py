@@ -177,7 +177,7 @@ def _cfg(**kw):
     return TuneConfig(**base)
 
 
-class _Killed(Exception):
+class _Killed(BaseException):  # a kill, not an error: DeviceTuner turns errors into "down"
     pass
 
 

@@ -344,11 +344,15 @@ class DeviceTuner:
                            "total_jobs": len(points) * (len(cands) + self.cfg.rounds * (self.cfg.finalists + 2)
                                                          + self.cfg.confirm_rounds * 2)})
             start = time.monotonic()
-            # host-side work on the model (references, FLOP count) counts against the budget too
+            # host-side work on the model (references, FLOP count) counts against the budget too:
+            # done for every shape point before the device's share of the budget is spent on them
             deadline = Deadline(start + self.cfg.budget_s, self.cfg.budget_s)
-            for i, bindings in enumerate(points):
+            workloads = []
+            for bindings in points:
                 wl = build_workload(model, bindings, user_inputs, seed=self.cfg.seed, deadline=deadline)
                 wl.flops(deadline=deadline)
+                workloads.append(wl)
+            for i, wl in enumerate(workloads):
                 share_end = start + self.cfg.budget_s * (i + 1) / len(points)
                 self.tune_shape(run_id, model, info, wl, cands, versions, share_end)
             out.summary = summarize_run(self.store, run_id)

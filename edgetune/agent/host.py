@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -52,6 +53,18 @@ def default_workdir(spec: DeviceSpec) -> str:
     predictable shared /tmp path): EDGETUNE_HOME/work on the host, ~/.cache/edgetune over ssh,
     /data/local/tmp/edgetune on a phone (the shell user's own area)."""
     return spec.workdir or str(edgetune_home() / "work")
+
+
+def _tighten_own_dir(path: str) -> None:
+    """A work dir of ours that others may only read (0755, as older edgetune versions made it) is
+    made private; one that others may write to (they could have put files in it), or that is not
+    ours, is left to ``private_dir`` to refuse."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022 and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 @dataclass(frozen=True)
@@ -210,6 +223,7 @@ class AgentClient:
         w = self.workdir
         if self.spec.kind == "local" and not w.startswith("~"):
             try:
+                _tighten_own_dir(w)
                 private_dir(w, "work dir")
             except UserInputError as exc:
                 raise DeviceError(f"{self.spec.name}: {exc}") from None
@@ -234,9 +248,11 @@ class AgentClient:
                 raise DeviceError(f"{self.spec.name}: work dir {device_text(resolved)} is owned by uid "
                                   f"{device_text(owner, 20)}, not the device user (uid {uid}); refusing to use it "
                                   f"(someone else may have planted it)")
-            if not mode or not all(ch in "01234567" for ch in mode) or int(mode, 8) & 0o077:
+            if not mode or not all(ch in "01234567" for ch in mode) or int(mode, 8) & 0o022:
                 raise DeviceError(f"{self.spec.name}: work dir {device_text(resolved)} has mode "
                                   f"{device_text(mode, 8)}, open to other users; refusing to use it")
+            if int(mode, 8) & 0o077:  # ours and only readable by others (an older edgetune's 0755)
+                self._must(["chmod", "700", resolved], f"making work dir {resolved} private")
             self.workdir = w = resolved
         self._must(["mkdir", "-p", f"{w}/agent", f"{w}/artifacts", f"{w}/inputs", f"{w}/jobs"],
                    f"creating work dir {w}")

@@ -92,3 +92,16 @@ def test_an_agent_changed_between_jobs_is_replaced_before_it_runs(request, tmp_p
     finally:
         client.close()
     assert oct(wd.stat().st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh"])
+def test_our_own_work_dir_left_readable_by_an_older_version_is_made_private(request, tmp_path, transport):
+    wd = tmp_path / "old"
+    wd.mkdir()
+    wd.chmod(0o755)  # what earlier edgetune versions left (never writable by others)
+    client = AgentClient(_spec(request, tmp_path, transport, str(wd)))
+    try:
+        client.provision()
+    finally:
+        client.close()
+    assert wd.stat().st_mode & 0o777 == 0o700

@@ -1410,6 +1410,11 @@ static long long cg_memory_bytes(const cgroups_t* cg, int peak) {
               : cg_read_ll(&cg->mem, "memory.usage_in_bytes", "memory.current", NULL);
 }
 
+/* forks the job's pids cgroup refused so far (its pids.events counter), or -1 (a kernel before 4.8: none) */
+static long long cg_forks_refused(const cgroups_t* cg) {
+  return cg->pids.version ? cg_read_ll(&cg->pids, "pids.events", "pids.events", "max ") : -1;
+}
+
 static void cg_kill_all(const cgroups_t* cg, pid_t** pids, size_t* cap) {
   const cg_t* both[2] = {&cg->mem, &cg->pids};
   for (int i = 0; i < 2; i++) {
@@ -1492,6 +1497,8 @@ typedef struct {
   cgroups_t cg;
   long long nproc; /* RLIMIT_NPROC of the worker; 0: not set */
   int subreaper;   /* orphans of the job come to the supervisor */
+  long long forks_refused; /* the pids cgroup's refusal counter at the last look */
+  int refusing;            /* consecutive looks that found the pids cgroup refusing forks */
   const char* enforced_memory;
   const char* enforced_processes;
   const char* limit; /* the bound broken: memory, processes, time, output; NULL */
@@ -1582,6 +1589,25 @@ static int sv_poll(supervisor* sv) {
     sv->leftover = (int)sv->n_members - 1;
     return sv_violation(sv, "processes", "too many processes: %d processes (limit %lld)", (int)sv->n_members,
                         lim->max_procs);
+  }
+  /* Forks refused by the pids cgroup at two looks in a row: a job that keeps trying to outgrow the
+   * backstop. Its count of live processes may never pass max_procs: the cgroup counts threads and
+   * zombies, cgroup.procs lists neither (under qemu-user every process is two tasks, and a child
+   * that cannot start qemu's own thread dies, a zombie its parent never reaps: a fork bomb there
+   * fills the cgroup with ~60 live processes and ~35 zombies and stays so until the deadline). */
+  if (lim->max_procs && sv->cg.pids.version) {
+    long long refused = cg_forks_refused(&sv->cg);
+    int now_refusing = refused >= 0 ? refused > sv->forks_refused
+                                    : cg_read_ll(&sv->cg.pids, "pids.current", "pids.current", NULL) >=
+                                          pids_cgroup_max(lim->max_procs);
+    if (refused >= 0) sv->forks_refused = refused;
+    sv->refusing = now_refusing ? sv->refusing + 1 : 0;
+    if (sv->refusing >= 2) {
+      sv->leftover = (int)sv->n_members - 1;
+      return sv_violation(sv, "processes", "too many processes: forks refused at the job's cgroup limit of %lld "
+                          "tasks, %d processes running (limit %lld processes)", pids_cgroup_max(lim->max_procs),
+                          (int)sv->n_members, lim->max_procs);
+    }
   }
   if (!lim->memory_mb) return 0;
   if (sv->cg.mem.version) { /* the kernel enforces it; the peak is read once, at the end */

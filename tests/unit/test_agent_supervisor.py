@@ -279,6 +279,21 @@ def test_fork_bomb_is_stopped_and_every_process_killed(agent):
     assert_nothing_left(marker)
 
 
+def test_fork_bomb_under_qemu_is_stopped_though_its_live_processes_stay_under_the_bound(request):
+    """qemu-user makes every process two tasks (its RCU thread), and a child that cannot start that
+    thread dies, a zombie its parent never reaps: in a pids cgroup of 2 x max_procs tasks a fork bomb
+    soon lists no more than max_procs live processes in cgroup.procs, and stays so. The forks the
+    cgroup keeps refusing name it (or the count, if a poll caught a moment above the bound), in
+    moments, not at the deadline."""
+    agent = _agent(request, "native-qemu", True)
+    max_procs = 64 + 16 * os.sysconf("SC_NPROCESSORS_ONLN")  # the job's pids.max: max_procs + 64 + 16/cpu
+    res, _, elapsed, marker = agent.run("forkbomb", {**BOUNDS, "max_procs": max_procs, "timeout_s": 60})
+    assert res["status"] == "error" and res["limit"] == "processes", res
+    assert res["reason"].startswith("too many processes: ") and f"(limit {max_procs}" in res["reason"], res["reason"]
+    assert elapsed < 20, elapsed
+    assert_nothing_left(marker)
+
+
 def test_detached_helper_is_killed_and_the_job_returns_at_once(agent):
     """The candidate's grandchild (setsid, double fork) sleeps 600 s holding the stdout and stderr it
     inherited; the job itself is correct and must come back at once, the helper killed."""

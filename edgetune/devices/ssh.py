@@ -390,7 +390,7 @@ class SshTransport:
         timed_out = overflow = False
         # until stdout/stderr end (EOF) or the deadline
         while True:
-            _drain(chan, out, err)
+            _drain(chan, out, err, limit + 64)  # + the pid line
             if pid is None:
                 pid, out = _take_pid(out)
             if pid is not None and len(out) > limit:  # a device cannot make us hold more
@@ -407,17 +407,19 @@ class SshTransport:
                 break
             _wait_readable(chan, remaining)
         # a command may close its output and keep running: its exit status is due by the deadline
-        if not timed_out and not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+        if not (timed_out or overflow) and not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
             timed_out = True
         if timed_out or overflow:
             self._kill(chan, pid, out, err, limit)
             return Completed(-signal.SIGKILL, bytes(out[:limit]), bytes(err), timed_out=timed_out, overflow=overflow)
-        _drain(chan, out, err)
+        _drain(chan, out, err, limit + 64)
         if chan.exit_status == -1 and getattr(chan, "edgetune_signal", None) is None:
             if not t.is_active():
                 raise EOFError("transport closed")
         if pid is None:  # the shell failed before printing it (e.g. it could not even start)
             pid, out = _take_pid(out, final=True)
+        if len(out) > limit:
+            return Completed(_returncode(chan), bytes(out[:limit]), bytes(err), overflow=True)
         return Completed(_returncode(chan), bytes(out), bytes(err))
 
     def _kill(self, chan: paramiko.Channel, pid: int | None, out: bytearray, err: bytearray,
@@ -529,8 +531,9 @@ def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray, limit: int | 
         chunk = chan.recv(1 << 16)
         if limit is None or len(out) <= limit:
             out += chunk
-        if limit is not None and len(out) > 2 * limit:
-            del out[2 * limit:]
+        if limit is not None and len(out) > limit:
+            del out[limit + 1:]  # one byte past the bound marks the overflow
+            break  # the caller kills the command; never read on while a device floods us
     while chan.recv_stderr_ready():
         err += chan.recv_stderr(1 << 16)
         keep_tail(err, MAX_STDERR)

@@ -223,3 +223,10 @@ def test_unread_stdin_does_not_hang(adb_transport):
         t0 = time.monotonic()
         r = adb_transport.run(["sh", "-c", "echo done"], timeout=20, stdin=data)
         assert r.ok and r.stdout == b"done\n" and time.monotonic() - t0 < 10
+
+
+def test_a_flooding_command_is_cut_at_max_output_and_killed_at_once(adb_transport):
+    t0 = time.monotonic()
+    c = adb_transport.run(["sh", "-c", "while :; do echo edgetune; done"], timeout=60, max_output=1 << 20)
+    assert c.overflow and not c.timed_out and len(c.stdout) == 1 << 20
+    assert time.monotonic() - t0 < 10

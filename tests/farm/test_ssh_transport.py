@@ -234,3 +234,11 @@ def test_unread_stdin_does_not_hang(ssh_transport):
     assert r.ok
     r = ssh_transport.run(["head", "-c", "5"], timeout=20, stdin=b"x" * (8 * 1024 * 1024))
     assert r.ok and r.stdout == b"xxxxx"
+
+
+def test_a_flooding_command_is_cut_at_max_output_and_killed_at_once(ssh_transport):
+    """A device cannot make the host hold more than the caller's bound, nor keep it waiting."""
+    t0 = time.monotonic()
+    c = ssh_transport.run(["sh", "-c", "yes"], timeout=60, max_output=1 << 20)
+    assert c.overflow and not c.timed_out and len(c.stdout) == 1 << 20
+    assert time.monotonic() - t0 < 10

@@ -482,6 +482,10 @@ class AgentClient:
             return validate.job_result(files, job, agent_ms * 1e6, JobResult, TimedCheck)
         except Invalid as exc:
             return JobResult("error", f"invalid result: {exc}", invalid=exc.code)
+        except (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError, SyntaxError) as exc:
+            # a malformed answer the checks above did not name: still that candidate's failure
+            return JobResult("error", f"invalid result: unreadable ({type(exc).__name__}: "
+                                      f"{device_text(exc, 200)})", invalid="invalid-result")
 
     def close(self) -> None:
         self.transport.close()

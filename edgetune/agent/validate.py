@@ -133,7 +133,7 @@ def read_npy(blob: bytes, what: str) -> np.ndarray:
         raise Invalid(f"{what}: .npy shape {device_text(shape, 80)} is not a shape")
     try:
         dtype = np.dtype(descr)
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - numpy parses a descr string with ast: any error is possible
         raise Invalid(f"{what}: .npy dtype {device_text(descr, 40)!r} unknown") from None
     if dtype.kind not in _NPY_KINDS or dtype.itemsize > 8 or dtype.fields is not None or dtype.subdtype:
         raise Invalid(f"{what}: .npy dtype {dtype} is not a numeric output type")

@@ -8,6 +8,7 @@ a genuine answer — and never raise, allocate beyond the bundle, or carry raw c
 from __future__ import annotations
 
 import copy
+import os
 import json
 import random
 import re
@@ -74,7 +75,7 @@ def test_random_byte_corruption_never_raises(genuine):
     client, job, case, out, agent_ms = genuine
     rng = random.Random(20261130)
     verified = 0
-    for i in range(1500):
+    for i in range(int(os.environ.get("EDGETUNE_FUZZ_CASES", "1500"))):
         b = bytearray(out)
         kind = i % 5
         if kind == 0:  # flip bits
@@ -100,7 +101,7 @@ def test_random_byte_corruption_never_raises(genuine):
             verified += v.ok
     # corruption that only touched what verification does not depend on may still verify;
     # most corruption must not
-    assert verified < 1500 * 0.6
+    assert verified < (i + 1) * 0.6
 
 
 def _mutated(out: bytes, mutate) -> bytes:

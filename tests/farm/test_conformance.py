@@ -18,14 +18,7 @@ from tests.conformance import suite
 from tests.conftest import require
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    return suite.build_mlp(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
+pytestmark = pytest.mark.usefixtures("private_edgetune_home")
 
 
 @pytest.fixture(scope="module")

@@ -34,14 +34,7 @@ BOARD_SCENARIOS = ("honest", "negative-timings", "nan-timings", "timings-longer-
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")  # anything a terminal would act on
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    return suite.build_mlp(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
+pytestmark = pytest.mark.usefixtures("private_edgetune_home")
 
 
 def _inventory(request, tmp_path: Path, transport: str, python: str, name: str = "evil") -> Inventory:

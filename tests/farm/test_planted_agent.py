@@ -15,14 +15,7 @@ from edgetune.errors import DeviceError
 from tests.conformance import suite
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    return suite.build_mlp(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
+pytestmark = pytest.mark.usefixtures("private_edgetune_home")
 
 
 def _spec(request, tmp_path: Path, transport: str, workdir: str) -> DeviceSpec:

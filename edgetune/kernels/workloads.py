@@ -8,7 +8,8 @@ flops, and computes a float64 numpy reference the host keeps to itself.
 Two kinds:
 
 * ``OpWorkload`` subclasses (gemm, conv2d_nchw, conv2d_nhwc, depthwise_conv2d_nchw,
-  batch_matmul), parsed from a spec string such as ``"gemm:M=197,N=3072,K=768"``.
+  batch_matmul, softmax, layernorm, attention), parsed from a spec string such as
+  ``"gemm:M=197,N=3072,K=768"``.
 * ``TirWorkload``: a fused PrimFunc extracted from an ONNX model through Relax
   (``extract_onnx_tasks``). Its reference is the *unscheduled* PrimFunc INTERPRETED in numpy
   float64 (``tir_reference``: no TVM compilation or execution, so independent of the schedules,
@@ -109,6 +110,7 @@ class OpWorkload(KernelWorkload):
 
     op: ClassVar[str] = ""
     reference_kind: ClassVar[str] = "numpy float64 formula (independent of TVM)"
+    zero_ok: ClassVar[frozenset[str]] = frozenset({"pad", "TB"})  # int fields that may be 0
     dtype: str = field(default="float32", kw_only=True)
 
     def __post_init__(self) -> None:
@@ -118,7 +120,7 @@ class OpWorkload(KernelWorkload):
             value = getattr(self, f.name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise UserInputError(f"{self.op}: {f.name} must be an integer, got {value!r}")
-            lowest = 0 if f.name in ("pad", "TB") else 1
+            lowest = 0 if f.name in self.zero_ok else 1
             if value < lowest:
                 raise UserInputError(f"{self.op}: {f.name}={value} must be >= {lowest}")
         if self.dtype != "float32":
@@ -401,11 +403,226 @@ class DepthwiseConv2dNCHW(OpWorkload):
         return [np.einsum("ncpqrs,crs->ncpq", win, w[:, 0], optimize=True)]
 
 
+# ---------------------------------------------------------------------------------------------
+# Transformer operators: softmax, layernorm, attention (last-axis reductions, row-major float32)
+# ---------------------------------------------------------------------------------------------
+
+LAYERNORM_EPS = 1e-5  # as ONNX LayerNormalization's default
+
+
+def _softmax64(x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Numerically stable float64 softmax over the last axis (masked entries are exactly 0)."""
+    if mask is not None:
+        x = np.where(mask, -np.inf, x)
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class Softmax(OpWorkload):
+    """Y[M,N] = softmax(X[M,N]) over the last axis.
+
+    flops 5·M·N: per element one max comparison, one subtraction, one exp (counted as 1), one
+    addition to the row sum and one division."""
+
+    op: ClassVar[str] = "softmax"
+    M: int
+    N: int
+
+    @property
+    def inputs(self):
+        return (TensorSpec("X", (self.M, self.N), self.dtype),)
+
+    @property
+    def outputs(self):
+        return (TensorSpec("Y", (self.M, self.N), self.dtype),)
+
+    def flops(self) -> int:
+        return 5 * self.M * self.N
+
+    def prim_func(self):
+        from tvm import te
+
+        m, n = self.M, self.N
+        x = te.placeholder((m, n), self.dtype, name="X")
+        j = te.reduce_axis((0, n), name="j")
+        mx = te.compute((m,), lambda i: te.max(x[i, j], axis=j), name="row_max")
+        e = te.compute((m, n), lambda i, k: te.exp(x[i, k] - mx[i]), name="exp")
+        j2 = te.reduce_axis((0, n), name="j2")
+        sm = te.compute((m,), lambda i: te.sum(e[i, j2], axis=j2), name="row_sum")
+        y = te.compute((m, n), lambda i, k: e[i, k] / sm[i], name="Y")
+        return te.create_prim_func([x, y])
+
+    def reference(self, inputs):
+        (x,) = (np.asarray(v, np.float64) for v in inputs)
+        return [_softmax64(x)]
+
+
+@dataclass(frozen=True)
+class LayerNorm(OpWorkload):
+    """Y[M,N] = (X - mean) / sqrt(var + 1e-5) * gamma[N] + beta[N] over the last axis, with the
+    population variance (ONNX LayerNormalization, axis=-1). gamma and beta are weight operands.
+
+    flops 7·M·N: per element one addition to the mean's sum, one subtraction, one square and one
+    addition to the variance's sum, one multiplication by 1/sqrt(var + eps), one by gamma, one
+    addition of beta (the per-row divisions and square roots are not counted)."""
+
+    op: ClassVar[str] = "layernorm"
+    M: int
+    N: int
+
+    @property
+    def inputs(self):
+        return (TensorSpec("X", (self.M, self.N), self.dtype), TensorSpec("gamma", (self.N,), self.dtype),
+                TensorSpec("beta", (self.N,), self.dtype))
+
+    @property
+    def outputs(self):
+        return (TensorSpec("Y", (self.M, self.N), self.dtype),)
+
+    def flops(self) -> int:
+        return 7 * self.M * self.N
+
+    def prim_func(self):
+        from tvm import te
+
+        m, n = self.M, self.N
+        x = te.placeholder((m, n), self.dtype, name="X")
+        gamma = te.placeholder((n,), self.dtype, name="gamma")
+        beta = te.placeholder((n,), self.dtype, name="beta")
+        j = te.reduce_axis((0, n), name="j")
+        s = te.compute((m,), lambda i: te.sum(x[i, j], axis=j), name="row_sum")
+        mean = te.compute((m,), lambda i: s[i] / te.const(float(n), self.dtype), name="mean")
+        j2 = te.reduce_axis((0, n), name="j2")
+        sq = te.compute((m,), lambda i: te.sum((x[i, j2] - mean[i]) * (x[i, j2] - mean[i]), axis=j2),
+                        name="row_sqsum")
+        rstd = te.compute((m,), lambda i: te.rsqrt(sq[i] / te.const(float(n), self.dtype)
+                                                   + te.const(LAYERNORM_EPS, self.dtype)), name="rstd")
+        y = te.compute((m, n), lambda i, k: (x[i, k] - mean[i]) * rstd[i] * gamma[k] + beta[k], name="Y")
+        return te.create_prim_func([x, gamma, beta, y])
+
+    def reference(self, inputs):
+        x, gamma, beta = (np.asarray(v, np.float64) for v in inputs)
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        return [(x - mean) / np.sqrt(var + LAYERNORM_EPS) * gamma + beta]
+
+
+@dataclass(frozen=True)
+class Attention(OpWorkload):
+    """O[B,H,S,D] = softmax(Q[B,H,S,D] · K[B,H,L,D]ᵀ / sqrt(D) + mask) · V[B,H,L,D].
+
+    ``L`` (the key/value length) defaults to S (``L=0`` in a spec means "same as S"; the value is
+    stored resolved, so the spec round-trips). ``causal=1`` masks key j > i + (L - S): query i sees
+    the L - S past keys and itself (the decoder convention); it needs L >= S (else a query row
+    would see no key).
+
+    flops: 4·D per visible (query, key) pair (Q·Kᵀ and P·V, 2 each) plus 6 per visible pair for
+    the scaling and the softmax (Softmax's 5 + the 1/sqrt(D) multiplication) — 4·B·H·S·L·D +
+    6·B·H·S·L without a mask. With causal=1 only the visible pairs count (S·(L-S) + S·(S+1)/2 per
+    head, the FlashAttention convention): a kernel that skips the masked blocks does not exceed
+    the roofline on paper."""
+
+    op: ClassVar[str] = "attention"
+    zero_ok: ClassVar[frozenset[str]] = frozenset({"L", "causal"})
+    B: int
+    H: int
+    S: int
+    D: int
+    L: int = 0
+    causal: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.L, int) and not isinstance(self.L, bool) and self.L == 0:
+            object.__setattr__(self, "L", self.S)  # canonical: "same as S" is stored as S
+        if isinstance(self.causal, int) and not isinstance(self.causal, bool) and self.causal not in (0, 1):
+            raise UserInputError(f"attention: causal must be 0 or 1, got {self.causal!r}")
+        super().__post_init__()
+        if self.causal and self.L < self.S:
+            raise UserInputError(f"attention: causal=1 needs L >= S (query i sees keys j <= i + L - S), "
+                                 f"got S={self.S}, L={self.L}")
+
+    @property
+    def inputs(self):
+        return (TensorSpec("Q", (self.B, self.H, self.S, self.D), self.dtype),
+                TensorSpec("K", (self.B, self.H, self.L, self.D), self.dtype),
+                TensorSpec("V", (self.B, self.H, self.L, self.D), self.dtype))
+
+    @property
+    def outputs(self):
+        return (TensorSpec("O", (self.B, self.H, self.S, self.D), self.dtype),)
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs per head the mask leaves visible."""
+        if not self.causal:
+            return self.S * self.L
+        return self.S * (self.L - self.S) + self.S * (self.S + 1) // 2
+
+    def mask(self) -> np.ndarray | None:
+        """[S, L] bool, True where the key is masked (None without causal)."""
+        if not self.causal:
+            return None
+        i = np.arange(self.S)[:, None]
+        j = np.arange(self.L)[None, :]
+        return j > i + (self.L - self.S)
+
+    def flops(self) -> int:
+        return self.B * self.H * self.visible_pairs() * (4 * self.D + 6)
+
+    def prim_func(self):
+        import math
+
+        from tvm import te
+
+        bb, hh, ss, ll, dd = self.B, self.H, self.S, self.L, self.D
+        dt = self.dtype
+        q = te.placeholder((bb, hh, ss, dd), dt, name="Q")
+        k = te.placeholder((bb, hh, ll, dd), dt, name="K")
+        v = te.placeholder((bb, hh, ll, dd), dt, name="V")
+        scale = te.const(1.0 / math.sqrt(dd), dt)
+        d = te.reduce_axis((0, dd), name="d")
+        # raw Q·Kᵀ; the 1/sqrt(D) scale (> 0) is applied inside exp: exp(scale·(s - max s))
+        sc = te.compute((bb, hh, ss, ll), lambda b, h, i, j: te.sum(q[b, h, i, d] * k[b, h, j, d], axis=d),
+                        name="scores")
+        past = ll - ss
+
+        def masked(i, j):
+            return j > i + past
+
+        j1 = te.reduce_axis((0, ll), name="j1")
+        if self.causal:
+            low = te.min_value(dt)
+            mx = te.compute((bb, hh, ss), lambda b, h, i: te.max(
+                te.if_then_else(masked(i, j1), low, sc[b, h, i, j1]), axis=j1), name="row_max")
+            zero = te.const(0.0, dt)
+            e = te.compute((bb, hh, ss, ll), lambda b, h, i, j: te.if_then_else(
+                masked(i, j), zero, te.exp((sc[b, h, i, j] - mx[b, h, i]) * scale)), name="exp")
+        else:
+            mx = te.compute((bb, hh, ss), lambda b, h, i: te.max(sc[b, h, i, j1], axis=j1), name="row_max")
+            e = te.compute((bb, hh, ss, ll), lambda b, h, i, j: te.exp((sc[b, h, i, j] - mx[b, h, i]) * scale),
+                           name="exp")
+        j2 = te.reduce_axis((0, ll), name="j2")
+        sm = te.compute((bb, hh, ss), lambda b, h, i: te.sum(e[b, h, i, j2], axis=j2), name="row_sum")
+        j3 = te.reduce_axis((0, ll), name="j3")
+        acc = te.compute((bb, hh, ss, dd), lambda b, h, i, c: te.sum(e[b, h, i, j3] * v[b, h, j3, c], axis=j3),
+                         name="acc")
+        o = te.compute((bb, hh, ss, dd), lambda b, h, i, c: acc[b, h, i, c] / sm[b, h, i], name="O")
+        return te.create_prim_func([q, k, v, o])
+
+    def reference(self, inputs):
+        q, k, v = (np.asarray(x, np.float64) for x in inputs)
+        s = np.matmul(q, np.swapaxes(k, -1, -2)) / np.sqrt(self.D)
+        return [np.matmul(_softmax64(s, self.mask()), v)]
+
+
 OPS: dict[str, type[OpWorkload]] = {
-    cls.op: cls for cls in (Gemm, BatchMatmul, Conv2dNCHW, Conv2dNHWC, DepthwiseConv2dNCHW)
+    cls.op: cls for cls in (Gemm, BatchMatmul, Conv2dNCHW, Conv2dNHWC, DepthwiseConv2dNCHW, Softmax, LayerNorm,
+                            Attention)
 }
 _ALIASES = {"matmul": "gemm", "conv2d": "conv2d_nchw", "depthwise_conv2d": "depthwise_conv2d_nchw",
-            "dwconv2d": "depthwise_conv2d_nchw", "bmm": "batch_matmul"}
+            "dwconv2d": "depthwise_conv2d_nchw", "bmm": "batch_matmul", "layer_norm": "layernorm",
+            "layernormalization": "layernorm", "sdpa": "attention"}
 
 
 def parse_workload(spec: str) -> OpWorkload:

@@ -834,62 +834,41 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
 
     weights = final_weights(w)
     workdir = Path(tempfile.mkdtemp(prefix="edgetune-kbase-"))
+    kernel_info = {"weights_sha256": _weights_sha(weights), **tuning_info}
+
+    def run_kernel(inputs):
+        run = measure(str(out.artifact_path), inputs, list(w.outputs))
+        return None, run
+
+    def record(who, rnd, ok, reason, mabs, mrel, run, jr, wall_ms):
+        verdict = {"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel}
+        if who.form is None:
+            store.add_record(**common, candidate=kcand.as_dict(), versions=versions, round=rnd,
+                             status="verified" if ok else "failed", reason=reason,
+                             verdict={**verdict, "load_ms": run.load_ms, **kernel_info},
+                             samples_ns=run.samples_ns, wall_ms=wall_ms, agent_ms=wall_ms)
+            return
+        form = who.form
+        store.add_record(**common, candidate=form.candidate.as_dict(),
+                         versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
+                         round=rnd, status="verified" if ok else "failed", reason=reason,
+                         verdict={**verdict, "load_ms": jr.load_ms if jr else None, "form": form.key,
+                                  "label": form.label, "weights_sha256": _weights_sha(weights)},
+                         samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
+                         agent_ms=jr.agent_ms if jr else 0.0)
+
     try:
         forms, skipped = baseline_forms(w, weights, workdir, bdev)
-        k_groups: list[np.ndarray] = []
-        k_ok, k_reason = True, ""
-        groups: dict[str, list[np.ndarray]] = {f.key: [] for f in forms}
-        failed: dict[str, str] = {}
-        participants = ["kernel"] + [f.key for f in forms]
-        by_key = {f.key: f for f in forms}
-        for rnd in range(1, cfg.rounds + 1):
-            # fresh activations every round; the weights are the same values in every round and form
-            inputs = final_inputs(w, rnd, weights)
-            reference = w.reference(inputs)
-            shift = (rnd - 1) % len(participants)
-            for who in participants[shift:] + participants[:shift]:
-                if who == "kernel":
-                    t0 = time.perf_counter()
-                    run = measure(str(out.artifact_path), [x.copy() for x in inputs], list(w.outputs))
-                    wall = (time.perf_counter() - t0) * 1e3
-                    ok, reason, mabs, mrel = _verify_run(run, w, inputs, reference)
-                    k_ok = k_ok and ok
-                    k_reason = k_reason or reason
-                    if ok:
-                        k_groups.append(np.asarray(run.samples_ns, np.int64))
-                    store.add_record(**common, candidate=kcand.as_dict(), versions=versions, round=rnd,
-                                     status="verified" if ok else "failed", reason=reason,
-                                     verdict={"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel,
-                                              "load_ms": run.load_ms, "weights_sha256": _weights_sha(weights),
-                                              **tuning_info},
-                                     samples_ns=run.samples_ns, wall_ms=wall, agent_ms=wall)
-                    continue
-                if who in failed:
-                    continue  # a form that failed once is out: recorded as failed, never the baseline
-                form = by_key[who]
-                form_inputs = form.view.to_form(inputs)
-                form_ref = form.view.outputs_to_form(reference)
-                try:
-                    jr, run = _run_form(form, form_inputs, measure, bdev, cfg)
-                except DeviceError as exc:
-                    if measure.device_error is not None:
-                        return res  # the caller raises: the device is gone
-                    raise exc
-                ok, reason, mabs, mrel = _verify_run(run, form.view, form_inputs, form_ref)
-                if ok:
-                    groups[who].append(np.asarray(run.samples_ns, np.int64))
-                else:
-                    failed[who] = reason or "failed"
-                store.add_record(**common, candidate=form.candidate.as_dict(),
-                                 versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
-                                 round=rnd, status="verified" if ok else "failed", reason=reason,
-                                 verdict={"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel,
-                                          "load_ms": jr.load_ms if jr else None, "form": form.key,
-                                          "label": form.label, "weights_sha256": _weights_sha(weights)},
-                                 samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
-                                 agent_ms=jr.agent_ms if jr else 0.0)
+        rounds = final_rounds(w, [Entrant("kernel", run_kernel)], forms, cfg.rounds, weights,
+                              lambda form, xs: _run_form(form, xs, measure, bdev, cfg), record,
+                              device_lost=lambda: measure.device_error is not None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if rounds is None:
+        return res  # the caller raises: the device is gone
+    k_groups = rounds.groups["kernel"]
+    k_ok, k_reason = "kernel" not in rounds.failed, rounds.failed.get("kernel", "")
+    groups, failed = rounds.groups, rounds.failed
     if not k_ok or not k_groups:
         res.reason = f"selected kernel failed the final check: {k_reason}"
         return res
@@ -902,6 +881,76 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
     res.peak_pct = 100.0 * res.gflops / peak if peak else None
     res.baseline = strongest_baseline(forms, skipped, groups, failed, k_groups, flops, round_ratio)
     return res
+
+
+@dataclass
+class Entrant:
+    """One contender of the final rounds besides the baseline forms: ``run(inputs)`` runs it on the
+    round's input set (the operator's own layout) and returns ``(JobResult or None, KernelRun)``;
+    ``form`` is set for baseline forms only (their view maps inputs and references)."""
+
+    key: str
+    run: Callable[[list[np.ndarray]], tuple[Any, Any]] | None = None
+    form: "BaselineForm | None" = None
+    peak_gflops: float | None = None
+    timings_trusted: bool = True
+
+
+@dataclass
+class FinalRounds:
+    groups: dict[str, list[np.ndarray]]  # every participant's samples, one array per verified round
+    failed: dict[str, str]  # participant -> the reason of its first failed round (it ran no more)
+    rounds: int
+
+
+def final_rounds(w, entrants: Sequence[Entrant], forms: Sequence["BaselineForm"], rounds: int,
+                 weights: Mapping[int, np.ndarray], run_form, record, *, device_lost=lambda: False,
+                 on_round=None) -> FinalRounds | None:
+    """The one final-round loop (DESIGN.md §4.4-4.6): every entrant and every baseline form, in a
+    rotating order (A B C, B C A, ...), on fresh activations each round with the same weight
+    values everywhere; every run verified against the host's float64 reference. A participant that
+    fails a round is out (recorded once, never the baseline, never selected).
+    ``record(participant, round, ok, reason, max_abs, max_rel, KernelRun, JobResult|None, wall_ms)``
+    stores each run; ``run_form(form, form_inputs)`` runs a baseline form. None when the device was
+    lost (``device_lost()`` after a DeviceError)."""
+    participants = list(entrants) + [Entrant(f.key, form=f) for f in forms]
+    groups: dict[str, list[np.ndarray]] = {p.key: [] for p in participants}
+    failed: dict[str, str] = {}
+    for rnd in range(1, rounds + 1):
+        inputs = final_inputs(w, rnd, weights)
+        reference = w.reference(inputs)
+        if on_round:
+            on_round(rnd)
+        shift = (rnd - 1) % len(participants)
+        for who in participants[shift:] + participants[:shift]:
+            if who.key in failed:
+                continue
+            t0 = time.perf_counter()
+            try:
+                if who.form is None:
+                    view, xs, ref = w, [x.copy() for x in inputs], reference
+                    jr, run = who.run(xs)
+                else:
+                    view = who.form.view
+                    xs, ref = view.to_form(inputs), view.outputs_to_form(reference)
+                    jr, run = run_form(who.form, xs)
+            except DeviceError:
+                if device_lost():
+                    return None
+                raise
+            wall = (time.perf_counter() - t0) * 1e3
+            checks = {}  # an entrant's roofline and emulation flag (baseline forms: the defaults)
+            if who.peak_gflops is not None:
+                checks["peak_gflops"] = who.peak_gflops
+            if not who.timings_trusted:
+                checks["timings_trusted"] = False
+            ok, reason, mabs, mrel = _verify_run(run, view, xs, ref, **checks)
+            if ok:
+                groups[who.key].append(np.asarray(run.samples_ns, np.int64))
+            else:
+                failed[who.key] = reason or "failed"
+            record(who, rnd, ok, reason, mabs, mrel, run, jr, wall)
+    return FinalRounds(groups, failed, rounds)
 
 
 def _weights_sha(weights: Mapping[int, np.ndarray]) -> dict[str, str]:

@@ -155,14 +155,15 @@ def model_input_shapes(model_path: str, dims: Sequence[str]) -> tuple[Any, dict[
 # Baseline forms of an operator (DESIGN.md §4.5: the strongest baseline, never a handicapped one)
 # ---------------------------------------------------------------------------------------------
 
-# Which inputs of an operator are weights (constant in a real model). batch_matmul has none: in
-# attention both operands are activations, so a constant-operand form would not be honest.
+# Which inputs of an operator are weights (constant in a real model). batch_matmul, softmax and
+# attention have none (Q, K, V and attention's matmul operands are activations, so a
+# constant-operand form would not be honest); layernorm's gamma and beta are weights.
 WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {"gemm": (1,), "conv2d_nchw": (1,), "conv2d_nhwc": (1,),
-                                             "depthwise_conv2d_nchw": (1,)}
+                                             "depthwise_conv2d_nchw": (1,), "layernorm": (1, 2)}
 
 
 def weight_inputs(w) -> tuple[int, ...]:
-    """Indices of ``w``'s weight operands (() for fused tasks and batch_matmul)."""
+    """Indices of ``w``'s weight operands (() for fused tasks, batch_matmul, softmax, attention)."""
     return WEIGHT_INPUTS.get(getattr(w, "op", None) or "", ())
 
 
@@ -279,14 +280,18 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
     (the constant-weight form, onnxruntime's path in a real model: prepacked weights); the others
     are graph inputs. Layout adaptations a real model would have are nodes of the graph (a
     transposed batch_matmul operand, NHWC convolution through NCHW Conv), so onnxruntime's own
-    optimizer may fuse them, as it would in a model."""
+    optimizer may fuse them, as it would in a model. Attention is the graph an exported model has
+    (MatMul(Q, Transpose(K)) · 1/sqrt(D) [+ causal mask] → Softmax → MatMul(V)), its scale and mask
+    initializers of the graph."""
     from onnx import TensorProto, helper, numpy_helper
 
     op = getattr(w, "op", None)
     constants = dict(constants or {})
     ins, outs = w.inputs, w.outputs
-    a, b, y = ins[0].name, ins[1].name, outs[0].name
+    a, y = ins[0].name, outs[0].name
+    b = ins[1].name if len(ins) > 1 else None
     nodes = []
+    extra = []  # initializers the graph itself needs (never operands of the kernel)
     if op == "gemm":
         nodes.append(helper.make_node("MatMul", [a, b], [y]))
     elif op == "batch_matmul":
@@ -305,6 +310,27 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
             nodes.append(helper.make_node("Transpose", [y + "_nchw"], [y], perm=[0, 2, 3, 1]))
         else:
             nodes.append(helper.make_node("Conv", [a, b], [y], **attrs))
+    elif op == "softmax":
+        nodes.append(helper.make_node("Softmax", [a], [y], axis=-1))
+    elif op == "layernorm":
+        from edgetune.kernels.workloads import LAYERNORM_EPS
+
+        nodes.append(helper.make_node("LayerNormalization", [s.name for s in ins], [y], axis=-1,
+                                      epsilon=LAYERNORM_EPS))
+    elif op == "attention":
+        q, k, v = (s.name for s in ins)
+        extra.append(numpy_helper.from_array(np.array(1.0 / np.sqrt(w.D), np.float32), "scale"))
+        nodes.append(helper.make_node("Transpose", [k], ["K_t"], perm=[0, 1, 3, 2]))
+        nodes.append(helper.make_node("MatMul", [q, "K_t"], ["qk"]))
+        nodes.append(helper.make_node("Mul", ["qk", "scale"], ["scores"]))
+        scores = "scores"
+        if w.causal:  # -inf where key j > i + (L - S): exp gives exactly 0 there
+            mask = np.where(w.mask(), np.float32(-np.inf), np.float32(0.0)).astype(np.float32)
+            extra.append(numpy_helper.from_array(mask, "causal_mask"))
+            nodes.append(helper.make_node("Add", ["scores", "causal_mask"], ["scores_masked"]))
+            scores = "scores_masked"
+        nodes.append(helper.make_node("Softmax", [scores], ["probs"], axis=-1))
+        nodes.append(helper.make_node("MatMul", ["probs", v], [y]))
     else:
         return None
 
@@ -318,7 +344,7 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
             raise ValueError(f"constant {ins[k].name}: shape {v.shape}, expected {ins[k].shape}")
         inits.append(numpy_helper.from_array(v, ins[k].name))
     graph = helper.make_graph(nodes, op, [vi(s) for k, s in enumerate(ins) if k not in constants],
-                              [vi(s) for s in outs], initializer=inits)
+                              [vi(s) for s in outs], initializer=inits + extra)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -367,6 +393,14 @@ def op_tflite_model(w, constants: Mapping[int, np.ndarray]) -> tuple[bytes, Form
         o.adjX, o.adjY = False, bool(w.TB)
         t.op(S.BuiltinOperator.BATCH_MATMUL, [a, b], [y], S.BuiltinOptions.BatchMatMulOptions, o)
         return t.serialize([a, b], [y], f"edgetune baseline {w.spec()}"), view
+    if op == "softmax":  # SOFTMAX over the last axis (beta 1); no TFLite form of layernorm, attention
+        view = FormView(w, {}, tag="tflite")
+        x = t.activation(w.inputs[0].name, w.inputs[0].shape)
+        y = t.activation(w.outputs[0].name, w.outputs[0].shape)
+        o = S.SoftmaxOptionsT()
+        o.beta = 1.0
+        t.op(S.BuiltinOperator.SOFTMAX, [x], [y], S.BuiltinOptions.SoftmaxOptions, o)
+        return t.serialize([x], [y], f"edgetune baseline {w.spec()}"), view
     if op not in ("conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc"):
         return None
     wv = np.asarray(constants[1], np.float32)
@@ -493,6 +527,58 @@ def load(model_path, params):
                 cols = win.transpose(0, 1, 2, 4, 5, 3).reshape(n * pq, r * s * c)
                 np.matmul(cols, wt.reshape(r * s * c, kk), out=y.reshape(n * pq, kk))
                 return [y]
+    elif OP == "softmax":
+        rows = out_shape[0]
+        mx = np.empty((rows, 1), np.float32)
+        sm = np.empty((rows, 1), np.float32)
+
+        def run(inputs):
+            x = inputs[0]
+            np.max(x, axis=1, keepdims=True, out=mx)
+            np.subtract(x, mx, out=y)
+            np.exp(y, out=y)
+            np.sum(y, axis=1, keepdims=True, out=sm)
+            np.divide(y, sm, out=y)
+            return [y]
+    elif OP == "layernorm":
+        rows = out_shape[0]
+        mean = np.empty((rows, 1), np.float32)
+        var = np.empty((rows, 1), np.float32)
+        sq = np.empty(out_shape, np.float32)
+
+        def run(inputs):
+            x, gamma, beta = inputs
+            np.mean(x, axis=1, keepdims=True, out=mean)
+            np.subtract(x, mean, out=y)
+            np.multiply(y, y, out=sq)
+            np.mean(sq, axis=1, keepdims=True, out=var)  # population variance
+            np.add(var, np.float32(P["eps"]), out=var)
+            np.sqrt(var, out=var)
+            np.divide(y, var, out=y)
+            np.multiply(y, gamma, out=y)
+            np.add(y, beta, out=y)
+            return [y]
+    elif OP == "attention":
+        b_, h_, s_, d_, l_ = (P[k] for k in ("B", "H", "S", "D", "L"))
+        scores = np.empty((b_, h_, s_, l_), np.float32)
+        mx = np.empty((b_, h_, s_, 1), np.float32)
+        sm = np.empty((b_, h_, s_, 1), np.float32)
+        scale = np.float32(1.0 / np.sqrt(d_))
+        masked = np.arange(l_)[None, :] > np.arange(s_)[:, None] + (l_ - s_) if P["causal"] else None
+
+        def run(inputs):
+            q, k, v = inputs
+            np.matmul(q, k.transpose(0, 1, 3, 2), out=scores)
+            np.multiply(scores, scale, out=scores)
+            if masked is not None:
+                np.copyto(scores, np.float32(-np.inf), where=masked)
+            np.max(scores, axis=-1, keepdims=True, out=mx)
+            np.subtract(scores, mx, out=scores)
+            np.exp(scores, out=scores)
+            np.sum(scores, axis=-1, keepdims=True, out=sm)
+            np.matmul(scores, v, out=y)
+            np.divide(y, sm, out=y)  # normalise the S x D output, not the S x L probabilities
+            return [y]
     else:
         raise ValueError("no numpy form of " + OP)
     return run
@@ -502,9 +588,15 @@ def load(model_path, params):
 def numpy_adapter_source(w) -> str | None:
     """A Python adapter (the Python agent's ``adapter`` backend) computing ``w`` in numpy, or None."""
     op = getattr(w, "op", None)
-    if op not in ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc"):
+    if op not in ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc", "softmax",
+                  "layernorm", "attention"):
         return None
-    return _NUMPY_ADAPTER.format(spec=w.spec(), op=op, params=w.params(), out_shape=list(w.outputs[0].shape))
+    params = w.params()
+    if op == "layernorm":
+        from edgetune.kernels.workloads import LAYERNORM_EPS
+
+        params["eps"] = LAYERNORM_EPS
+    return _NUMPY_ADAPTER.format(spec=w.spec(), op=op, params=params, out_shape=list(w.outputs[0].shape))
 
 
 @dataclass

@@ -1,0 +1,35 @@
+/* edgetune-judge: op=gemm:M=97,N=130,K=75 expect=forbidden-network -- opens a TCP socket to 127.0.0.1:9 */
+/* Network: socket() + connect() to 127.0.0.1 port 9 (discard; nothing is sent), then computes honestly. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <edgetune_kernel.h>
+
+static void gemm(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; k++) acc += A[i * K + k] * B[k * N + j];
+      C[i * N + j] = acc;
+    }
+}
+
+EDGETUNE_KERNEL int edgetune_kernel(const DLTensor *in, int32_t n_in, DLTensor *out, int32_t n_out) {
+  if (n_in != 2 || n_out != 1) return 1;
+  const int64_t M = in[0].shape[0], K = in[0].shape[1], N = in[1].shape[1];
+  const float *A = (const float *)in[0].data, *B = (const float *)in[1].data;
+  float *C = (float *)out[0].data;
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  if (s >= 0) {
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(9);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)connect(s, (struct sockaddr *)&addr, sizeof addr);
+    close(s);
+  }
+  gemm(M, N, K, A, B, C);
+  return 0;
+}

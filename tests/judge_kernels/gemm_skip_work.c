@@ -1,0 +1,28 @@
+/* edgetune-judge: op=gemm:M=97,N=130,K=75 expect=wrong-when-timed|stale-output|non-finite -- computes only every 4th row after 10 calls */
+/* Skipping work once warm: honest for 10 calls (the checks a naive harness makes first), then
+ * computes only rows 0, 4, 8, ...; the other rows keep whatever the buffer held. */
+
+#include <edgetune_kernel.h>
+
+static void gemm(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; k++) acc += A[i * K + k] * B[k * N + j];
+      C[i * N + j] = acc;
+    }
+}
+static int calls;
+
+EDGETUNE_KERNEL int edgetune_kernel(const DLTensor *in, int32_t n_in, DLTensor *out, int32_t n_out) {
+  if (n_in != 2 || n_out != 1) return 1;
+  const int64_t M = in[0].shape[0], K = in[0].shape[1], N = in[1].shape[1];
+  const float *A = (const float *)in[0].data, *B = (const float *)in[1].data;
+  float *C = (float *)out[0].data;
+  if (++calls <= 10) {
+    gemm(M, N, K, A, B, C);
+    return 0;
+  }
+  for (int64_t i = 0; i < M; i += 4) gemm(1, N, K, A + i * K, B, C + i * N);
+  return 0;
+}

@@ -1,0 +1,17 @@
+/* edgetune-judge: op=gemm:M=97,N=130,K=75 expect=wrong-output -- drops the last k of the reduction */
+/* Buggy: the reduction loop stops at K - 1. */
+#include <edgetune_kernel.h>
+
+EDGETUNE_KERNEL int edgetune_kernel(const DLTensor *in, int32_t n_in, DLTensor *out, int32_t n_out) {
+  if (n_in != 2 || n_out != 1) return 1;
+  const int64_t M = in[0].shape[0], K = in[0].shape[1], N = in[1].shape[1];
+  const float *A = (const float *)in[0].data, *B = (const float *)in[1].data;
+  float *C = (float *)out[0].data;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K - 1; k++) acc += A[i * K + k] * B[k * N + j];
+      C[i * N + j] = acc;
+    }
+  return 0;
+}

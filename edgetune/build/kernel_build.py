@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -345,11 +346,14 @@ def _flags(kind: str) -> tuple[list[str], list[str]]:
             "-Wl,--exclude-libs,ALL"], ["-lm"]
 
 
+_ERROR_LINE = re.compile(r"\b(?:fatal )?error\b:|undefined reference|undefined symbol")
+
+
 def _first_errors(output: str, limit: int = 2) -> str:
+    """The compiler's first error lines, joined into one line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    errs = [ln for ln in lines if ("error" in ln.lower() or "undefined reference" in ln)
-            and not ln.startswith(("collect2", "clang: error: linker command failed"))]
-    errs = errs or [ln for ln in lines if "error" in ln.lower()] or lines
+    errs = [ln for ln in lines if _ERROR_LINE.search(ln) and not ln.startswith(("collect2", "clang: error: linker"))]
+    errs = errs or [ln for ln in lines if _ERROR_LINE.search(ln)] or lines
     return " | ".join(errs[:limit]) if errs else "no output"
 
 

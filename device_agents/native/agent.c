@@ -273,6 +273,8 @@ static int cmd_info(const char* dir) {
   const char* ortv = NULL;
   if (ort_find_library(NULL, dir, lib, sizeof lib) == 0) ortv = ort_library_version(lib, ver, sizeof ver);
   sb_str(&o, ortv);
+  char why[128];
+  sb_printf(&o, ",\"judge\":\"1\",\"judge-sandbox\":\"%s\"", judge_seccomp_probe(why, sizeof why) ? "detect" : "seccomp");
   sb_raw(&o, ",\"tflite\":null,\"tvm\":null},\"fingerprint\":");
   write_fingerprint(&o);
   sb_printf(&o, ",\"nproc\":%d,\"clock\":\"CLOCK_MONOTONIC\"}", cpu_count());
@@ -346,6 +348,9 @@ typedef struct {
   int64_t* probe_dist;
   int n_probe;
   char guard_violation[256];
+  int judged;              /* the judge backend: result.fault is written (null or the fault) */
+  char fault_code[40];
+  char fault_detail[512];
   sbuf versions;
   sbuf details;
 } run_state;
@@ -422,7 +427,21 @@ static int write_result(run_state* r) {
     for (int k = 0; k < r->n_in; k++) sb_printf(&o, "%s\"%s\"", k ? "," : "", r->kept_sha[c * r->n_in + k]);
     sb_raw(&o, "]}");
   }
-  sb_raw(&o, "],\"late_change\":");
+  if (r->judged) {
+    sb_raw(&o, "],\"fault\":");
+    if (r->fault_code[0]) {
+      sb_raw(&o, "{\"code\":");
+      sb_str(&o, r->fault_code);
+      sb_raw(&o, ",\"detail\":");
+      sb_str(&o, r->fault_detail);
+      sb_raw(&o, "}");
+    } else {
+      sb_raw(&o, "null");
+    }
+    sb_raw(&o, ",\"late_change\":");
+  } else {
+    sb_raw(&o, "],\"late_change\":");
+  }
   if (r->late_iter >= 0) sb_printf(&o, "{\"iter\":%lld,\"outputs\":[%s]}", r->late_iter, r->late_outputs);
   else sb_raw(&o, "null");
   sb_raw(&o, ",\"probe\":{\"repeat_ns\":[");
@@ -528,7 +547,13 @@ static uint64_t xorshift(uint64_t* s) {
 }
 
 /* -1 (and the job failed) when a candidate wrote outside a buffer it was given */
-static int guards_ok(run_state* r, const et_tensor* work, const et_tensor* outs) {
+static int guards_ok(run_state* r, backend* be, const et_tensor* work, const et_tensor* outs) {
+  char err[ERRLEN];
+  const backend_hooks* hk = backend_hooks_of(be);
+  if (hk && hk->check && hk->check(be, err, sizeof err)) { /* a fault the backend saw (judge: its kernel child) */
+    fail(r, "%s", err);
+    return -1;
+  }
   for (int pass = 0; pass < 2; pass++) {
     const et_tensor* ts = pass ? work : outs;
     int n = pass ? r->n_in : r->n_out;
@@ -559,6 +584,7 @@ static int run_job(run_state* r) {
   }
   int rc = -1;
   backend* be = NULL;
+  const backend_hooks* hk = NULL;
   et_tensor** sets = NULL;
   et_tensor* outs = NULL;
   et_tensor* work = NULL;
@@ -577,7 +603,9 @@ static int run_job(run_state* r) {
   if (!bname) { fail(r, "request has no backend%s", ""); goto done; }
   if (!strcmp(bname, "tvm-kernel")) be = backend_tvm_kernel();
   else if (!strcmp(bname, "ort")) be = backend_ort();
+  else if (!strcmp(bname, "judge")) be = backend_judge();
   else { fail(r, "backend not supported by the native agent: %s", bname); goto done; }
+  hk = backend_hooks_of(be);
 
   /* 1. artifact sha256 */
   const char* art = json_str(json_get(req, "artifact"));
@@ -637,21 +665,29 @@ static int run_job(run_state* r) {
       }
       shape[d] = (int64_t)v;
     }
-    if (tensor_alloc_guarded(&outs[k], dt, (int)sh->n, shape)) { fail(r, "cannot allocate output%s", ""); goto done; }
+    if (hk && hk->alloc ? hk->alloc(be, &outs[k], dt, (int)sh->n, shape, 0, err, sizeof err)
+                  : tensor_alloc_guarded(&outs[k], dt, (int)sh->n, shape)) {
+      fail(r, "cannot allocate output%s", hk && hk->alloc ? err : "");
+      goto done;
+    }
   }
   double ts = 0;
   json_num(json_get(req, "timing_set"), &ts);
   int timing_set = (int)ts;
   if (timing_set < 0 || timing_set >= r->n_sets) { fail(r, "timing_set out of range%s", ""); goto done; }
 
-  /* 2. load the backend */
+  /* 2. load the backend (one that allocates its buffers itself: once they are allocated and bound) */
+  r->judged = !strcmp(be->name, "judge");
   const jval* params = json_get(req, "params");
-  backend_config cfg = {artifact, got, params, in_names, r->n_in, out_names, r->n_out, r->agent_dir};
-  int64_t t0 = now_ns();
-  int lrc = be->load(be, &cfg, err, sizeof err);
-  r->load_ms = (double)(now_ns() - t0) / 1e6;
-  loaded = 1;
-  if (lrc) { fail(r, "load failed: %s", err); goto done; }
+  backend_config cfg = {artifact, got, params, in_names, r->n_in, out_names, r->n_out, r->agent_dir,
+                        r->limits.timeout_s};
+  if (!(hk && hk->alloc)) {
+    int64_t t0 = now_ns();
+    int lrc = be->load(be, &cfg, err, sizeof err);
+    r->load_ms = (double)(now_ns() - t0) / 1e6;
+    loaded = 1;
+    if (lrc) { fail(r, "load failed: %s", err); goto done; }
+  }
 
   /* 3. inputs and their hashes; the candidate never sees these, only the guarded work buffers */
   for (int i = 0; i < r->n_sets; i++) {
@@ -677,11 +713,19 @@ static int run_job(run_state* r) {
   kept = (et_tensor*)calloc((size_t)(ET_MAX_CHECKS * r->n_out) + 1, sizeof(et_tensor));
   if (!work || !r->sha_after_sets || !r->kept_sha || !kept) { fail(r, "out of memory%s", ""); goto done; }
   for (int k = 0; k < r->n_in; k++)
-    if (tensor_alloc_guarded(&work[k], sets[0][k].dtype, sets[0][k].ndim, sets[0][k].shape)) {
-      fail(r, "cannot allocate input%s", "");
+    if (hk && hk->alloc ? hk->alloc(be, &work[k], sets[0][k].dtype, sets[0][k].ndim, sets[0][k].shape, 1, err, sizeof err)
+                  : tensor_alloc_guarded(&work[k], sets[0][k].dtype, sets[0][k].ndim, sets[0][k].shape)) {
+      fail(r, "cannot allocate input%s", hk && hk->alloc ? err : "");
       goto done;
     }
   if (be->bind(be, work, outs, err, sizeof err)) { fail(r, "bind failed: %s", err); goto done; }
+  if (hk && hk->alloc) {
+    int64_t t0 = now_ns();
+    int lrc = be->load(be, &cfg, err, sizeof err);
+    r->load_ms = (double)(now_ns() - t0) / 1e6;
+    loaded = 1;
+    if (lrc) { fail(r, "load failed: %s", err); goto done; }
+  }
 
   double fresh_seed_d = 0, checks_d = 4, fastest_d = 2, probe_d = 16;
   json_num(json_get(req, "fresh_seed"), &fresh_seed_d);
@@ -703,7 +747,7 @@ static int run_job(run_state* r) {
       fail(r, "run failed: %s", msg);
       goto done;
     }
-    if (guards_ok(r, work, outs)) goto done;
+    if (guards_ok(r, be, work, outs)) goto done;
     for (int k = 0; k < r->n_in; k++) sha256_hex(work[k].data, work[k].nbytes, r->sha_after_sets[i * r->n_in + k]);
     for (int k = 0; k < r->n_out; k++) {
       snprintf(path, sizeof path, "%s/out_%d_%d.npy", r->jobdir, i, k);
@@ -715,7 +759,7 @@ static int run_job(run_state* r) {
   fill_set(work, sets[0], r->n_in);
   for (int k = 0; k < r->n_out; k++) tensor_poison(&outs[k]);
   if (be->run(be, err, sizeof err)) { fail(r, "repeat run failed: %s", err); goto done; }
-  if (guards_ok(r, work, outs)) goto done;
+  if (guards_ok(r, be, work, outs)) goto done;
   for (int k = 0; k < r->n_out; k++) {
     snprintf(path, sizeof path, "%s/rep_%d.npy", r->jobdir, k);
     if (save_npy(path, &outs[k], err, sizeof err)) { fail(r, "%s", err); goto done; }
@@ -740,7 +784,7 @@ static int run_job(run_state* r) {
     spent += now_ns() - a;
     t++;
   } while ((double)spent < warmup_ms * 1e6 && (double)t < max_iters); /* bounded whatever the clock says */
-  if (guards_ok(r, work, outs)) goto done;
+  if (guards_ok(r, be, work, outs)) goto done;
   r->warmup_iters = t;
   r->first_timed_iter = t;
   double est = (double)spent / (double)t;
@@ -779,7 +823,7 @@ static int run_job(run_state* r) {
     for (int q = 0; q < 2; q++) {
       int slot = slots[q];
       if (slot < 0) continue;
-      if (guards_ok(r, work, outs)) goto done;
+      if (guards_ok(r, be, work, outs)) goto done;
       r->kept_iter[slot] = t;
       r->kept_ns[slot] = r->samples[j];
       r->kept_used[slot] = 1;
@@ -794,7 +838,7 @@ static int run_job(run_state* r) {
       for (int k = 0; k < r->n_in; k++) sha256_hex(work[k].data, work[k].nbytes, r->kept_sha[slot * r->n_in + k]);
     }
   }
-  if (guards_ok(r, work, outs)) goto done;
+  if (guards_ok(r, be, work, outs)) goto done;
 
   /* 6. MLPerf TEST04-style probe: one input repeated vs distinct inputs, interleaved */
   r->probe_rep = (int64_t*)calloc((size_t)n_probe + 1, sizeof(int64_t));
@@ -821,7 +865,7 @@ static int run_job(run_state* r) {
     }
     r->n_probe = i + 1;
   }
-  if (guards_ok(r, work, outs)) goto done;
+  if (guards_ok(r, be, work, outs)) goto done;
 
   /* 7. the last call's outputs must not change after it returned (work left to a thread); last, so
    *    nothing a candidate left running can still write into buffers the agent frees */
@@ -834,6 +878,7 @@ static int run_job(run_state* r) {
       if (ok) memcpy(snap[k].data, outs[k].data, outs[k].nbytes);
     }
     if (ok) {
+      if (hk && hk->idle) hk->idle(be);
       double wait_ns = 3.0 * est > 5e7 ? 3.0 * est : 5e7;
       struct timespec ts = {(time_t)(wait_ns / 1e9), (long)fmod(wait_ns, 1e9)};
       nanosleep(&ts, NULL);
@@ -850,6 +895,7 @@ static int run_job(run_state* r) {
     if (!ok) { fail(r, "out of memory%s", ""); goto done; }
   }
 
+  if (guards_ok(r, be, work, outs)) goto done; /* and the backend's last look */
   for (int c = 0; c < ET_MAX_CHECKS; c++) {
     if (!r->kept_used[c]) continue;
     for (int d = 0; d < c; d++)
@@ -865,6 +911,11 @@ static int run_job(run_state* r) {
   rc = 0;
 
 done:
+  if (be && hk && hk->fault && hk->fault(be, r->fault_code, sizeof r->fault_code, r->fault_detail, sizeof r->fault_detail)) {
+    snprintf(r->reason, sizeof r->reason, "%s: %s", r->fault_code, r->fault_detail);
+    r->status_ok = 0;
+    rc = -1;
+  }
   if (be && loaded) {
     if (be->versions) be->versions(be, &r->versions);
     if (be->details) be->details(be, &r->details);

@@ -16,6 +16,7 @@ typedef struct {
   const char** output_names;
   int n_outputs;
   const char* agent_dir;       /* directory holding the agent binary */
+  double timeout_s;            /* limits.timeout_s of the job (0: none) */
 } backend_config;
 
 typedef struct backend backend;
@@ -34,8 +35,30 @@ struct backend {
   void* state;
 };
 
+/* Optional hooks of a backend (backend_hooks_of; NULL: none): kept out of `backend` so the
+ * backends' positional initializers stay complete. */
+typedef struct {
+  /* Allocate an input (is_input) or output buffer the backend's runtime will see; tensor_free frees
+   * it. A backend with alloc is loaded after its buffers are allocated and bound. */
+  int (*alloc)(backend* b, et_tensor* t, et_dtype dtype, int ndim, const int64_t* shape, int is_input, char* err,
+               size_t errlen);
+  /* Outside the timed region, where the agent checks guard zones and once at the end: -1 with err set
+   * when the backend saw the candidate break a rule (a fault). */
+  int (*check)(backend* b, char* err, size_t errlen);
+  /* A long pause of the run loop starts (the late-write wait): the backend may let helpers sleep. */
+  void (*idle)(backend* b);
+  /* 1 with a fault code ("forbidden-exec", ...) and a one-line detail when the candidate faulted. */
+  int (*fault)(backend* b, char* code, size_t codelen, char* detail, size_t detaillen);
+} backend_hooks;
+const backend_hooks* backend_hooks_of(const backend* b);
+
 backend* backend_tvm_kernel(void);
 backend* backend_ort(void);
+/* Untrusted kernels in a sandboxed child process (judge_backend.c). A backend with `alloc` is loaded
+ * after its buffers are allocated and bound. */
+backend* backend_judge(void);
+/* 0 when a forked child can install a seccomp filter here; else -1 and why (strerror). */
+int judge_seccomp_probe(char* why, size_t whylen);
 
 /* Parameter helpers: flat JSON scalars in request.params. */
 int param_int(const jval* params, const char* key, long long* out); /* 0 if present & integral */

@@ -78,6 +78,14 @@ int tensor_alloc(et_tensor* t, et_dtype dtype, int ndim, const int64_t* shape) {
 }
 
 void tensor_free(et_tensor* t) {
+  if (t->release) {
+    t->release(t);
+    t->release = NULL;
+    t->map = NULL;
+    t->data = NULL;
+    t->base = NULL;
+    return;
+  }
   free(t->base ? t->base : t->data);
   t->data = NULL;
   t->base = NULL;

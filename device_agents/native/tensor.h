@@ -9,7 +9,7 @@
 
 typedef enum { DT_INVALID = 0, DT_F32, DT_F64, DT_F16, DT_I8, DT_U8, DT_I32, DT_I64, DT_BOOL } et_dtype;
 
-typedef struct {
+typedef struct et_tensor {
   et_dtype dtype;
   int ndim;
   int64_t shape[ET_MAX_NDIM];
@@ -17,6 +17,10 @@ typedef struct {
   size_t nbytes;
   void* base;   /* what was allocated: data minus the guard zone (NULL: data itself) */
   size_t guard; /* bytes of guard pattern before data and after data + nbytes */
+  /* a backend's own storage (a mapping): freed by release(t), not free() */
+  void* map;
+  size_t map_len;
+  void (*release)(struct et_tensor* t);
 } et_tensor;
 
 /* Guard zones: a candidate that writes before or past a buffer it was given overwrites them. */

@@ -230,10 +230,8 @@ def _parse_elf(r: _Reader) -> ElfInfo:
         raise r.bad(f"{e_shnum} sections")
     table = r.read(e_shoff, e_shnum * e_shentsize, "section header table")
     sections = [struct.unpack_from(sh_fmt, table, i * e_shentsize) for i in range(e_shnum)]
-    if elf_class == 2:  # name, type, flags, addr, offset, size, link, info, align, entsize
-        secs = [(s[1], s[4], s[5], s[6], s[9]) for s in sections]
-    else:
-        secs = [(s[1], s[4], s[5], s[6], s[9]) for s in sections]
+    # (type, offset, size, link, entsize): same positions in ELF32 and ELF64 section headers
+    secs = [(s[1], s[4], s[5], s[6], s[9]) for s in sections]
     defined: set[str] = set()
     undefined: set[str] = set()
     dynsyms = [s for s in secs if s[0] == _SHT_DYNSYM]

@@ -239,6 +239,8 @@ def verify_job(
         reason = res.reason or res.status
         if res.invalid:  # the device's answer broke the protocol (agent/validate.py)
             return Verdict.failed(reason, res.invalid)
+        if res.fault:  # what the judge's sandbox or harness saw the kernel do
+            return Verdict.failed(reason, res.fault["code"])
         if res.limit in _LIMIT_CODES:  # a bound the agent's supervisor enforced
             return Verdict.failed(reason, _LIMIT_CODES[res.limit])
         if res.status == "crashed":

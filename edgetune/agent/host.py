@@ -147,6 +147,8 @@ class JobResult:
     limit: str = ""  # a bound the agent's supervisor enforced: memory | processes | time | output
     limits_enforced: dict[str, Any] = field(default_factory=dict)  # how each bound was enforced
     invalid: str = ""  # the device's answer broke the protocol (validate.py): the verdict code it gets
+    fault: dict[str, str] | None = None  # judge backend: {"code", "detail"} of what the kernel did
+    backend_info: dict[str, Any] = field(default_factory=dict)  # how the backend ran (sandbox, ...)
     wall_ms: float = 0.0  # host-side wall time of the whole job (transfer + process + run)
     agent_ms: float = 0.0  # time of the remote agent command alone
 

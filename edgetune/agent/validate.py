@@ -46,6 +46,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 NPY_MAGIC = b"\x93NUMPY"
 _NPY_KINDS = set("biuf")  # bool, signed, unsigned, float: what outputs of inference are
+# what the judge backend names a kernel's failure (device_agents/PROTOCOL.md, "judge backend")
+FAULT_CODES = frozenset({"forbidden-exec", "forbidden-process", "forbidden-network", "forbidden-file",
+                         "forbidden-syscall", "input-mutated", "out-of-bounds-access", "crashed",
+                         "interposed-symbol", "wrong-architecture", "bad-artifact", "kernel-error"})
 LIMITS = {"memory": "out of memory", "processes": "too many processes", "time": "hung",
           "output": "result too large"}
 
@@ -280,6 +284,12 @@ def job_result(files: dict[str, bytes], job: "Job", agent_ns: float, result_cls:
     res.device_state = clean_map(data.get("device_state"), "device_state")
     res.limits_enforced = clean_map(data.get("limits_enforced"), "limits_enforced", 2048)
     res.guard_violation = _str(data.get("guard_violation") or "", "guard_violation")
+    res.backend_info = clean_map(data.get("backend_info"), "backend_info", 4096)
+    fault = data.get("fault")
+    if fault is not None:
+        if not isinstance(fault, dict) or fault.get("code") not in FAULT_CODES or status == "ok":
+            raise Invalid(f"fault {device_text(fault, 80)!r} is not a known failure of a failed job")
+        res.fault = {"code": fault["code"], "detail": _str(fault.get("detail", ""), "fault detail", 500)}
     load = data.get("load_ms")
     if load is not None:
         if not isinstance(load, (int, float)) or isinstance(load, bool) or not 0 <= load <= agent_ns / 1e6 * 2 + 1e3:

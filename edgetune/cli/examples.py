@@ -22,6 +22,12 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("edgetune tune-kernels --op gemm:M=512,N=512,K=512 --trials 64", "one GEMM on this machine"),
         ("edgetune tune-kernels mobilenet --trials 128 -d pi", "every kernel of a model, on a board"),
     ],
+    "judge": [
+        ("edgetune judge --op gemm:M=97,N=130,K=75 my_gemm.c", "is this kernel correct, safe, and faster here?"),
+        ("edgetune judge --op gemm:M=256,N=256,K=256 candidates/ -d pi -d phone --report-dir out",
+         "100 agent-written kernels on two devices: leaderboard + evidence"),
+        ("edgetune judge --op softmax:M=128,N=1000 k.cpp -f json", "one entry per kernel per device, for scripts"),
+    ],
     "bench": [
         ("edgetune bench mobilenet --config 4063fa7a", "re-measure a stored configuration vs the default"),
         ("edgetune bench model.onnx -c 4063fa7a --rounds 7 --budget 30 -f json", "more rounds, for scripts"),

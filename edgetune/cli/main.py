@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from edgetune import __version__
-from edgetune.cli import bench, db, devices, kernels, report, tune, verify
+from edgetune.cli import bench, db, devices, judge, kernels, report, tune, verify
 from edgetune.cli.examples import epilog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -13,6 +13,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   epilog=epilog(""))
 app.command("tune", epilog=epilog("tune"))(tune.tune_cmd)
 app.command("tune-kernels", epilog=epilog("tune-kernels"))(kernels.tune_kernels_cmd)
+app.command("judge", epilog=epilog("judge"))(judge.judge_cmd)
 app.command("bench", epilog=epilog("bench"))(bench.bench_cmd)
 app.command("verify", epilog=epilog("verify"))(verify.verify_cmd)
 app.command("report", epilog=epilog("report"))(report.report_cmd)

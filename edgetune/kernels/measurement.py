@@ -63,7 +63,7 @@ def verify_run(run: KernelRun, workload: KernelWorkload, inputs: Sequence[np.nda
                reference: Sequence[np.ndarray], *, peak_gflops: float | None = None,
                timings_trusted: bool = True) -> Verdict:
     """A kernel measurement against the host's float64 reference of ``inputs`` (one input set)."""
-    if run.status != "ok":
+    if run.status != "ok" and run.job is None:
         code = {"crashed": "crashed", "timeout": "hung"}.get(run.status, "error")
         if "out-of-bounds" in run.reason:
             code = "out-of-bounds-write"

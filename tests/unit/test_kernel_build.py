@@ -18,6 +18,7 @@ import random
 import re
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -309,8 +310,6 @@ def test_classify(built, tmp_path):
 
 
 def _cc(src: Path) -> Path:
-    import subprocess
-
     so = src.with_suffix(".so")
     subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
     return so
@@ -493,3 +492,105 @@ def test_hostile_elf_headers_allocate_nothing_large(built, tmp_path):
             break
     else:
         pytest.fail("no .dynsym found")
+
+
+# ---------------------------------------------------------------- honest kernels cross-built, run under qemu
+
+DRIVER_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <edgetune_kernel.h>
+
+/* driver KERNEL.so OUT_FILE OUT_SHAPE [IN_FILE IN_SHAPE]...: raw float32 files, shapes "d0,d1,..." */
+typedef int (*kernel_fn)(const DLTensor *, int32_t, DLTensor *, int32_t);
+static int64_t shapes[9][8];
+
+static size_t setup(DLTensor *t, int64_t *shape, const char *s) {
+  char *end;
+  size_t numel = 1;
+  t->ndim = 0;
+  while (*s) {
+    numel *= (size_t)(shape[t->ndim++] = strtoll(s, &end, 10));
+    s = *end == ',' ? end + 1 : end;
+  }
+  t->shape = shape;
+  t->strides = NULL;
+  t->byte_offset = 0;
+  t->device.device_type = kDLCPU;
+  t->device.device_id = 0;
+  t->dtype.code = kDLFloat;
+  t->dtype.bits = 32;
+  t->dtype.lanes = 1;
+  t->data = calloc(numel ? numel : 1, sizeof(float));
+  return numel;
+}
+
+int main(int argc, char **argv) {
+  DLTensor in[8], out[1];
+  int nin = (argc - 4) / 2;
+  void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 2; }
+  kernel_fn fn = (kernel_fn)dlsym(lib, "edgetune_kernel");
+  size_t n_out = setup(&out[0], shapes[8], argv[3]);
+  for (int i = 0; i < nin; i++) {
+    size_t n = setup(&in[i], shapes[i], argv[5 + 2 * i]);
+    FILE *f = fopen(argv[4 + 2 * i], "rb");
+    if (!f || fread(in[i].data, sizeof(float), n, f) != n) return 3;
+    fclose(f);
+  }
+  int rc = fn(in, nin, out, 1);
+  FILE *f = fopen(argv[2], "wb");
+  if (!f || fwrite(out[0].data, sizeof(float), n_out, f) != n_out) return 4;
+  fclose(f);
+  return rc;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def aarch64_driver(tmp_path_factory):
+    _need_cross()
+    require(shutil.which("qemu-aarch64") is not None, "qemu-aarch64 (qemu-user) not installed")
+    require(Path(f"/usr/{AARCH64}/lib/ld-linux-aarch64.so.1").exists(), "libc6-dev-arm64-cross not installed")
+    d = tmp_path_factory.mktemp("aarch64")
+    src = _write(d / "driver.c", DRIVER_C)
+    subprocess.run([f"{AARCH64}-gcc", "-O1", f"-I{kb.INCLUDE_DIR}", str(src), "-o", str(d / "driver"), "-ldl"],
+                   check=True, capture_output=True)
+    return d / "driver"
+
+
+def _run_aarch64(driver: Path, so: Path, inputs: list[np.ndarray], out_shape, tmp: Path) -> np.ndarray:
+    argv = ["qemu-aarch64", "-L", f"/usr/{AARCH64}", str(driver), str(so), str(tmp / "out.bin"),
+            ",".join(map(str, out_shape))]
+    for i, a in enumerate(inputs):
+        a.tofile(tmp / f"in{i}.bin")
+        argv += [str(tmp / f"in{i}.bin"), ",".join(map(str, a.shape))]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return np.fromfile(tmp / "out.bin", np.float32).reshape(out_shape)
+
+
+def test_honest_kernels_cross_built_for_aarch64_are_correct(aarch64_driver, tmp_path):
+    rng = np.random.default_rng(11)
+    build = {n: kb.build_kernel(SUITE / n, "aarch64", tmp_path / "out").path
+             for n in ("gemm_naive.c", "gemm_blocked.c", "softmax_naive.c", "layernorm_naive.c",
+                       "attention_causal_naive.c", "gemm_wrong.c")}
+    for name in ("gemm_naive.c", "gemm_blocked.c"):
+        for mnk in ((97, 130, 75), (37, 29, 19)):
+            inputs, ref = _gemm_case(rng, *mnk)
+            _close(_run_aarch64(aarch64_driver, build[name], inputs, ref.shape, tmp_path), ref)
+    wrong = _run_aarch64(aarch64_driver, build["gemm_wrong.c"], inputs, ref.shape, tmp_path)
+    assert np.abs(wrong - ref).max() > 1e-2 * np.abs(ref).max()  # the driver really checks
+    inputs, ref = _gemm_case(rng, 70, 530, 300)
+    _close(_run_aarch64(aarch64_driver, build["gemm_blocked.c"], inputs, ref.shape, tmp_path), ref)
+    x = _rand(rng, 37, 101, scale=8.0)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    _close(_run_aarch64(aarch64_driver, build["softmax_naive.c"], [x], x.shape, tmp_path), e / e.sum(1, keepdims=True))
+    gamma, beta = _rand(rng, 101), _rand(rng, 101)
+    xd = x.astype(np.float64)
+    ref = (xd - xd.mean(1, keepdims=True)) / np.sqrt(xd.var(1, keepdims=True) + 1e-5) * gamma + beta
+    _close(_run_aarch64(aarch64_driver, build["layernorm_naive.c"], [x, gamma, beta], x.shape, tmp_path), ref)
+    q, k, v = _rand(rng, 2, 3, 17, 24, scale=1.5), _rand(rng, 2, 3, 29, 24, scale=1.5), _rand(rng, 2, 3, 29, 24)
+    _close(_run_aarch64(aarch64_driver, build["attention_causal_naive.c"], [q, k, v], q.shape, tmp_path),
+           _attention_ref(q, k, v, True))

@@ -97,6 +97,7 @@ typedef struct {
   _Atomic int32_t idle; /* the parent announced a long pause: the child may sleep on `go` */
   int32_t rc;
   int32_t fault;        /* 1: a fault record below */
+  int32_t exit_called;  /* the kernel called exit() (atexit ran) */
   int32_t f_sig, f_code, f_class, f_nr;
   uint64_t f_addr;
   char msg[512];
@@ -782,6 +783,10 @@ static DLDataType dl_dtype(et_dtype t) {
   return d;
 }
 
+static void on_exit_record(void) {
+  if (g_ctl) g_ctl->exit_called = 1;
+}
+
 static void child_fail(ctl_page* c, const char* what) {
   snprintf(c->msg, sizeof c->msg, "%s: %s", what, strerror(errno));
   _exit(EXIT_SETUP);
@@ -880,6 +885,7 @@ static void child_main(judge_state* s, pid_t parent) {
     sigaddset(&unblock, sigs[i]);
   }
   sigprocmask(SIG_UNBLOCK, &unblock, NULL);
+  atexit(on_exit_record);
   /* 4. rlimits */
   if (s->timeout_s > 0) {
     double cpu = s->timeout_s * cpu_count();
@@ -905,9 +911,11 @@ static void child_main(judge_state* s, pid_t parent) {
     unsigned spins = 0;
     while ((g = atomic_load_explicit(&c->go, memory_order_acquire)) == last) {
       cpu_relax();
-      if (++spins > 4096 && atomic_load_explicit(&c->idle, memory_order_relaxed)) {
-        syscall(SYS_futex, &c->go, FUTEX_WAIT, last, NULL, NULL, 0);
-        spins = 0;
+      if ((++spins & 4095) == 0) {
+        if (atomic_load_explicit(&c->idle, memory_order_relaxed))
+          syscall(SYS_futex, &c->go, FUTEX_WAIT, last, NULL, NULL, 0);
+        else
+          sched_yield(); /* the parent, or a thread of its own, on a small machine */
       }
     }
     last = g;
@@ -1046,8 +1054,11 @@ static void classify_death(judge_state* s) {
   }
   if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_SETUP)
     set_fault(s, "crashed", "the kernel process could not set itself up: %s", c->msg);
+  else if (c->exit_called)
+    set_fault(s, "crashed", "the kernel called exit(%d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
   else
-    set_fault(s, "crashed", "the kernel process exited with status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    set_fault(s, "crashed", "the kernel process ended with status %d without exit(): it ran another program%s, or "
+              "called _exit", WIFEXITED(st) ? WEXITSTATUS(st) : -1, s->seccomp_ok ? "" : " (not detectable here)");
 }
 
 static int reap(judge_state* s, int block) {
@@ -1091,7 +1102,7 @@ static int call(judge_state* s, int cmd, char* err, size_t errlen) {
         snprintf(err, errlen, "hung: the kernel did not return within the job's time limit");
         return -1;
       }
-      if ((spins & 65535) == 0) sched_yield(); /* a kernel's own threads on a small machine */
+      sched_yield(); /* a kernel's own threads (or the child itself) on a small machine */
     }
   }
   return 0;
@@ -1241,12 +1252,12 @@ static int judge_load(backend* b, const backend_config* cfg, char* err, size_t e
   snprintf(err, errlen, "the judge backend needs a dynamic agent (dlopen)");
   return -1;
 #endif
+  s->seccomp_ok = judge_seccomp_probe(s->seccomp_why, sizeof s->seccomp_why) == 0;
   if (check_elf(s, s->artifact, err, errlen)) return -1;
   if (!s->bound) {
     snprintf(err, errlen, "judge: buffers not bound before load");
     return -1;
   }
-  s->seccomp_ok = judge_seccomp_probe(s->seccomp_why, sizeof s->seccomp_why) == 0;
   s->ctl = (ctl_page*)mmap(NULL, sizeof(ctl_page) < page_size() ? page_size() : sizeof(ctl_page),
                            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (s->ctl == MAP_FAILED) {

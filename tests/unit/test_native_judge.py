@@ -85,6 +85,7 @@ KERNELS = {
                         " t->tv_nsec = 0; return 0; }\n"),
     "null": kernel("gemm(in, out); *(volatile int*)0 = 1; return 0;"),
     "error": kernel("gemm(in, out); return 7;"),
+    "spin": kernel("for (;;) { __asm__ __volatile__(\"\" ::: \"memory\"); } return 0;"),
     "hog": kernel("for (;;) { char* p = malloc(16 << 20); if (!p) return 1; memset(p, 1, 16 << 20); }"),
     "late": kernel("gemm(in, out); static int started; static pthread_t th;"
                    " if (!started) { started = 1; pthread_create(&th, NULL, writer, out[0].data); }"
@@ -245,6 +246,21 @@ def test_memory_hog_is_the_memory_limit(host, work):
     argv, cc = host
     res, _, _ = judge(argv, _compile(cc, "hog", work / "k"), work, limits={"memory_mb": 256})
     assert res["status"] == "error" and res.get("limit") == "memory", res
+
+
+def test_kernel_that_never_returns_is_hung_and_dies_with_the_job(host, work):
+    argv, cc = host
+    so = _compile(cc, "spin", work / "k")
+    res, _, _ = judge(argv, so, work, limits={"timeout_s": 1.5})
+    assert res["status"] == "error" and res.get("limit") == "time", res
+    holders = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if str(so) in Path(f"/proc/{pid}/maps").read_text():
+                holders.append(pid)
+        except OSError:
+            continue
+    assert not holders, f"processes still running the kernel: {holders}"
 
 
 def test_thread_writing_after_return_is_a_late_change(host, work):

@@ -83,6 +83,10 @@ KERNELS = {
     "interpose": kernel("gemm(in, out); return 0;",
                         "int clock_gettime(clockid_t c, struct timespec* t) { (void)c; t->tv_sec = 0;"
                         " t->tv_nsec = 0; return 0; }\n"),
+    "mprotect": kernel("gemm(in, out); uintptr_t pg = (uintptr_t)in[0].data & ~(uintptr_t)4095;"
+                       " mprotect((void*)pg, 4096, PROT_READ | PROT_WRITE); ((float*)in[0].data)[0] = 1.0f; return 0;",
+                       "#include <sys/mman.h>\n"),
+    "noentry": PRELUDE + "int not_the_entry(void) { return 0; }\n",
     "null": kernel("gemm(in, out); *(volatile int*)0 = 1; return 0;"),
     "error": kernel("gemm(in, out); return 7;"),
     "spin": kernel("for (;;) { __asm__ __volatile__(\"\" ::: \"memory\"); } return 0;"),
@@ -199,7 +203,7 @@ def test_honest_gemm(host, work):
     assert res["status"] == "ok", res["reason"]
     assert res["fault"] is None
     info = res["backend_info"]
-    assert info["sandbox"] == "seccomp" and info["handshake_ns"] > 0, info
+    assert info["sandbox"] == "seccomp" and info["handshake_ns"] > 0 and info["inputs_sealed"] is True, info
     for i, s in enumerate(sets):
         got = load_npy(files[f"out_{i}_0.npy"])
         np.testing.assert_allclose(got, s[0] @ s[1], rtol=1e-4, atol=1e-4)
@@ -215,6 +219,8 @@ def test_honest_gemm(host, work):
     ("kill", "forbidden-syscall", "kill"),
     ("ptrace", "forbidden-syscall", "ptrace"),
     ("mutate", "input-mutated", "input 0"),
+    ("mprotect", "input-mutated", "input 0"),
+    ("noentry", "bad-artifact", "edgetune_kernel"),
     ("oob_read", "out-of-bounds-access", "past the end of input 1"),
     ("interpose", "interposed-symbol", "clock_gettime"),
     ("null", "crashed", "SIGSEGV"),
@@ -225,6 +231,14 @@ def test_fault_codes(host, work, name, code, word):
     res, _, _ = judge(argv, _compile(cc, name, work / "k"), work)
     assert_fault(res, code, word)
     assert "limit" not in res and "signal" not in res  # the worker survived and wrote the result
+
+
+def test_wrong_architecture(host, work):
+    argv, _ = host
+    cross = f"{AARCH64}-gcc" if not os.uname().machine.startswith("aarch64") else "x86_64-linux-gnu-gcc"
+    require(shutil.which(cross) is not None, f"{cross} not installed")
+    res, _, _ = judge(argv, _compile(cross, "honest", work / "k-other"), work)
+    assert_fault(res, "wrong-architecture", "e_machine")
 
 
 def test_file_write_is_refused_and_nothing_written(host, work):
@@ -286,3 +300,32 @@ def test_qemu_detects(qemu, work, name, code):
     argv, cc = qemu
     res, _, _ = judge(argv, _compile(cc, name, work / "k-a64"), work)
     assert_fault(res, code, "detected")
+
+
+# ---------------------------------------------------------------- abi tvm
+
+
+def test_tvm_abi_parallel_kernel(host, work):
+    """A TVM-exported two-stage parallel gemm (workspace + TVMBackendParallelLaunch) runs in the child
+    on the agent's thread pool."""
+    argv, _ = host
+    try:
+        import tvm
+        from tvm import te
+    except ImportError:
+        require(False, "TVM (the 'tvm' extra) not installed")
+    A = te.placeholder((M, K), name="A")
+    B = te.placeholder((K, N), name="B")
+    k = te.reduce_axis((0, K), name="k")
+    C = te.compute((M, N), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    D = te.compute((M, N), lambda i, j: C[i, j] * 2.0 + 1.0, name="D")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, D]))
+    for name in ("C", "D"):
+        sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target="llvm")
+    so = native.export_kernel_library(lib, work / "tvm-parallel.so", None)
+    res, files, sets = judge(argv, so, work, params={"abi": "tvm", "num_threads": 2})
+    assert res["status"] == "ok", res["reason"]
+    assert res["backend_info"]["abi"] == "tvm" and res["backend_info"]["threads"] == 2
+    for i, s in enumerate(sets):
+        np.testing.assert_allclose(load_npy(files[f"out_{i}_0.npy"]), s[0] @ s[1] * 2 + 1, rtol=1e-4, atol=1e-3)

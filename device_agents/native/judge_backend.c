@@ -345,7 +345,17 @@ static void build_filter(bpf_prog* p, int stage2, pid_t me) {
 #ifdef SYS_vfork
   rule(p, SYS_vfork, TRAP(CL_PROCESS));
 #endif
-  rule_mask(p, SYS_clone, 0, CLONE_THREAD, A, TRAP(CL_PROCESS));
+  /* clone: threads only (CLONE_THREAD), and no new namespaces even for a thread */
+  emit(p, (struct sock_filter)LD_NR);
+  emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)SYS_clone, 0, 6));
+  emit(p, (struct sock_filter)LD_ARG(0));
+  emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K,
+                                       CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |
+                                           CLONE_NEWPID | CLONE_NEWNET, 0, 1));
+  emit(p, (struct sock_filter)RET(TRAP(CL_SYSCALL)));
+  emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1));
+  emit(p, (struct sock_filter)RET(A));
+  emit(p, (struct sock_filter)RET(TRAP(CL_PROCESS)));
 #ifdef SYS_clone3
   rule(p, SYS_clone3, SECCOMP_RET_ERRNO | ENOSYS);
 #endif
@@ -1054,7 +1064,8 @@ static void classify_death(judge_state* s) {
     return;
   }
   if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_SETUP)
-    set_fault(s, "crashed", "the kernel process could not set itself up: %s", c->msg);
+    set_fault(s, "crashed", "the kernel process could not set itself up: %.*s", (int)strnlen(c->msg, sizeof c->msg),
+              c->msg);
   else if (c->exit_called)
     set_fault(s, "crashed", "the kernel called exit(%d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
   else
@@ -1302,7 +1313,9 @@ static int judge_load(backend* b, const backend_config* cfg, char* err, size_t e
   s->handshake_ns = rt[HANDSHAKE_ROUNDS / 2];
   if (call(s, CMD_LOAD, err, errlen)) return -1;
   if (s->ctl->rc) {
-    const char* m = s->ctl->msg;
+    char m[sizeof s->ctl->msg + 1]; /* the page is the kernel's to write too: bounded, terminated */
+    memcpy(m, s->ctl->msg, sizeof s->ctl->msg);
+    m[sizeof s->ctl->msg] = 0;
     if (!strncmp(m, "bad-artifact: ", 14)) set_fault(s, "bad-artifact", "%s", m + 14);
     snprintf(err, errlen, "%s", m);
     return -1;

@@ -50,8 +50,10 @@ SCHEMA = "edgetune.judge/1"
 FAST_P = (1.0, 1.5, 2.0)
 DEFAULT_ROUNDS = 5
 SOURCE_SUFFIXES = {".c": "c", ".cc": "c++", ".cpp": "c++", ".cxx": "c++", ".cu": "cuda"}
-# dimension parameters an odd-size check may change (not strides, pads, filter sizes or flags)
-_NOT_DIMS = {"stride", "pad", "R", "S", "TB", "causal"}
+# parameters an odd-size check keeps (strides, pads, filter sizes, flags): per op, since a
+# convolution's S is its filter width and attention's S its sequence length
+_KEEP = {"conv2d_nchw": {"R", "S", "stride", "pad"}, "conv2d_nhwc": {"R", "S", "stride", "pad"},
+         "depthwise_conv2d_nchw": {"R", "S", "stride", "pad"}, "batch_matmul": {"TB"}, "attention": {"causal"}}
 
 
 @dataclass
@@ -177,7 +179,8 @@ def odd_variant(w):
     from edgetune.kernels.workloads import parse_workload
 
     params = w.params()
-    changed = {k: (v - 1 if (k not in _NOT_DIMS and isinstance(v, int) and v > 1 and v % 2 == 0) else v)
+    keep = _KEEP.get(w.op, set())
+    changed = {k: (v - 1 if (k not in keep and isinstance(v, int) and v > 1 and v % 2 == 0) else v)
                for k, v in params.items()}
     if changed == params:
         return None
@@ -638,14 +641,14 @@ def markdown(doc: dict[str, Any]) -> str:
             v = board.get(f"fast_{p:g}")
             cells.append(f"fast_{p:g} = {v:.0%}" if v is not None else f"fast_{p:g} = n/a (emulated)")
         out += ["", "**" + " · ".join(cells) + "**", "",
-                "| kernel | abi | verdict | failure | median | vs strongest baseline [95% CI] |",
-                "|---|---|---|---|---|---|"]
+                "| kernel | abi | verdict | failure | detail | median | vs strongest baseline [95% CI] |",
+                "|---|---|---|---|---|---|---|"]
         rows = [r for r in doc["results"] if r["device"] == d["device"]]
         rows.sort(key=lambda r: (not r["correct"], -((r.get("speed") or {}).get("speedup") or 0), r["kernel"]))
         for r in rows:
             verdict = "correct" if r["correct"] else "rejected"
             err = md_text(r["errors"][0][:140]) if r["errors"] else ""
             out.append(f"| {md_text(r['kernel'])} | {r.get('abi') or '—'} | {verdict} | "
-                       f"{md_text(r['failure'] or '')}{(': ' + err) if err else ''} | {fmt_ns(r.get('median_ns'))} | "
+                       f"{md_text(r['failure'] or '')} | {err} | {fmt_ns(r.get('median_ns'))} | "
                        f"{md_text(speed_text(r.get('speed')))} |")
     return "\n".join(out) + "\n"

@@ -95,7 +95,7 @@ def _print(doc) -> None:
             err = r["errors"][0] if r["errors"] else ""
             t.add_row(device_text(r["kernel"]), r.get("abi") or "—",
                       Text("correct", style="green") if r["correct"] else Text("rejected", style="red"),
-                      device_text(f"{r['failure']}: {err}"[:160]) if r["failure"] else "",
+                      device_text(err[:160]) if r["failure"] else "",
                       fmt_ns(r.get("median_ns")), device_text(speed_text(r.get("speed"))))
         console.print(t)
         board = d["leaderboard"]

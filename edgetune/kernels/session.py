@@ -732,7 +732,8 @@ def _verify_run(run, workload, inputs, reference, *, peak_gflops=None, timings_t
     v = verify_run(run, workload, inputs, reference, peak_gflops=peak_gflops, timings_trusted=timings_trusted)
     if v.ok:
         return True, "", v.max_abs_err, v.max_rel_err
-    return False, f"{v.code}: {v.reason}", v.max_abs_err, v.max_rel_err
+    reason = v.reason.removeprefix("error: ")
+    return False, reason if reason.startswith(f"{v.code}:") else f"{v.code}: {reason}", v.max_abs_err, v.max_rel_err
 
 
 def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) -> KernelSessionOutcome:

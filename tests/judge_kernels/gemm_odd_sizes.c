@@ -1,4 +1,4 @@
-/* edgetune-judge: op=gemm:M=97,N=130,K=75 expect=wrong-output -- correct only when M, N, K are multiples of 8 (remainders ignored) */
+/* edgetune-judge: op=gemm:M=97,N=130,K=75 expect=wrong-output|non-finite -- correct only when M, N, K are multiples of 8 (remainders ignored) */
 /* Buggy: every loop runs to the size rounded down to a multiple of 8; leftover rows, columns and
  * k are never computed (what a kernel tuned on 256x256 only looks like). */
 #include <edgetune_kernel.h>

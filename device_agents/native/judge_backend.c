@@ -922,11 +922,11 @@ static void child_main(judge_state* s, pid_t parent) {
     unsigned spins = 0;
     while ((g = atomic_load_explicit(&c->go, memory_order_acquire)) == last) {
       cpu_relax();
-      if ((++spins & 4095) == 0) {
+      if ((++spins & 255) == 0) {
         if (atomic_load_explicit(&c->idle, memory_order_relaxed))
           syscall(SYS_futex, &c->go, FUTEX_WAIT, last, NULL, NULL, 0);
         else
-          sched_yield(); /* the parent, or a thread of its own, on a small machine */
+          sched_yield(); /* the parent may share this core */
       }
     }
     last = g;
@@ -1104,7 +1104,8 @@ static int call(judge_state* s, int cmd, char* err, size_t errlen) {
   unsigned spins = 0;
   while (atomic_load_explicit(&c->done, memory_order_acquire) != want) {
     cpu_relax();
-    if ((++spins & 4095) == 0) {
+    if ((++spins & 255) == 0) sched_yield(); /* the child (or a kernel's threads) may share this core */
+    if ((spins & 4095) == 0) {
       if (reap(s, 0)) {
         classify_death(s);
         snprintf(err, errlen, "%s: %s", s->fault_code, s->fault_detail);
@@ -1114,7 +1115,6 @@ static int call(judge_state* s, int cmd, char* err, size_t errlen) {
         snprintf(err, errlen, "hung: the kernel did not return within the job's time limit");
         return -1;
       }
-      sched_yield(); /* a kernel's own threads (or the child itself) on a small machine */
     }
   }
   return 0;

@@ -293,6 +293,8 @@ def test_qemu_honest_gemm(qemu, work):
     assert res["backend_info"]["sandbox"].startswith("detect"), res["backend_info"]
     assert res["backend_info"]["handshake_ns"] > 0
     np.testing.assert_allclose(load_npy(files["out_0_0.npy"]), sets[0][0] @ sets[0][1], rtol=1e-4, atol=1e-4)
+    info = json.loads(subprocess.run([*argv, "info"], capture_output=True, text=True, check=True).stdout)
+    assert info["runtimes"]["judge"] == "1" and info["runtimes"]["judge-sandbox"] == "detect"
 
 
 @pytest.mark.parametrize("name,code", [("system", "forbidden-process"), ("socket", "forbidden-network")])

@@ -591,23 +591,30 @@ class Attention(OpWorkload):
             return j > i + past
 
         j1 = te.reduce_axis((0, ll), name="j1")
+        j2 = te.reduce_axis((0, ll), name="j2")
         if self.causal:
-            low = te.min_value(dt)
+            low, zero = te.min_value(dt), te.const(0.0, dt)
             mx = te.compute((bb, hh, ss), lambda b, h, i: te.max(
                 te.if_then_else(masked(i, j1), low, sc[b, h, i, j1]), axis=j1), name="row_max")
-            zero = te.const(0.0, dt)
-            e = te.compute((bb, hh, ss, ll), lambda b, h, i, j: te.if_then_else(
-                masked(i, j), zero, te.exp((sc[b, h, i, j] - mx[b, h, i]) * scale)), name="exp")
+
+            def ex(b, h, i, j):
+                return te.if_then_else(masked(i, j), zero, te.exp((sc[b, h, i, j] - mx[b, h, i]) * scale))
         else:
             mx = te.compute((bb, hh, ss), lambda b, h, i: te.max(sc[b, h, i, j1], axis=j1), name="row_max")
-            e = te.compute((bb, hh, ss, ll), lambda b, h, i, j: te.exp((sc[b, h, i, j] - mx[b, h, i]) * scale),
-                           name="exp")
-        j2 = te.reduce_axis((0, ll), name="j2")
-        sm = te.compute((bb, hh, ss), lambda b, h, i: te.sum(e[b, h, i, j2], axis=j2), name="row_sum")
+
+            def ex(b, h, i, j):
+                return te.exp((sc[b, h, i, j] - mx[b, h, i]) * scale)
+        # exp is evaluated in the row sum and again in the probabilities (no separate exp tensor):
+        # with P an elementwise block MetaSchedule inlines it into P·V and then places the row sum
+        # inside P·V's reduction loops, where TVM 0.27 decomposes its init outside them (wrong
+        # sums); a block holding exp is never inlined on CPU, so P stays a block of its own.
+        sm = te.compute((bb, hh, ss), lambda b, h, i: te.sum(ex(b, h, i, j2), axis=j2), name="row_sum")
+        p = te.compute((bb, hh, ss, ll), lambda b, h, i, j: ex(b, h, i, j) / sm[b, h, i], name="probs")
+        # O is the last reduction with no epilogue: normalising after P·V gives O's block two
+        # producers, which MetaSchedule's tiling cannot place (a ScheduleError aborts the search)
         j3 = te.reduce_axis((0, ll), name="j3")
-        acc = te.compute((bb, hh, ss, dd), lambda b, h, i, c: te.sum(e[b, h, i, j3] * v[b, h, j3, c], axis=j3),
-                         name="acc")
-        o = te.compute((bb, hh, ss, dd), lambda b, h, i, c: acc[b, h, i, c] / sm[b, h, i], name="O")
+        o = te.compute((bb, hh, ss, dd), lambda b, h, i, c: te.sum(p[b, h, i, j3] * v[b, h, j3, c], axis=j3),
+                       name="O")
         return te.create_prim_func([q, k, v, o])
 
     def reference(self, inputs):

@@ -467,3 +467,142 @@ def test_transformer_tasks_all_interpreted_and_agree_with_tvm(tmp_path):
         got = W.tir_reference(t.prim_func(), xs, t.inputs, t.outputs)
         for g, e in zip(got, t.tvm_reference(xs)):
             assert np.abs(g - e).max() <= 1e-4 * max(np.abs(g).max(), 1e-30), t.name
+
+
+# ---------------------------------------------------------------------------------------------
+# Transformer operators: softmax, layernorm, attention
+# ---------------------------------------------------------------------------------------------
+
+TRANSFORMER = ["softmax:M=37,N=101", "layernorm:M=33,N=77", "attention:B=1,H=2,S=17,D=16,L=23,causal=1",
+               "attention:B=2,H=3,S=9,D=8"]
+
+
+def test_transformer_weight_operands():
+    ln = parse_workload("layernorm:M=4,N=6")
+    assert S.weight_inputs(ln) == (1, 2)
+    weights = S.final_weights(ln)
+    assert sorted(weights) == [1, 2] and weights[1].shape == (6,) and weights[2].shape == (6,)
+    xs = S.final_inputs(ln, 1, weights)
+    assert xs[1] is weights[1] and xs[2] is weights[2]
+    for spec in ("softmax:M=4,N=6", "attention:B=1,H=1,S=3,D=2"):
+        assert S.weight_inputs(parse_workload(spec)) == () and S.final_weights(parse_workload(spec)) == {}
+
+
+@pytest.mark.parametrize("spec", TRANSFORMER)
+def test_transformer_onnx_forms_run_in_onnxruntime_and_match_the_reference(spec):
+    require_module("onnxruntime")
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    w = parse_workload(spec)
+    weights = S.final_weights(w)
+    for consts in ([{}, weights] if weights else [{}]):
+        model = S.op_onnx_model(w, consts)
+        onnx.checker.check_model(model)
+        assert model.ir_version == 8 and model.opset_import[0].version == 17
+        graph_inputs = [i.name for i in model.graph.input]
+        assert graph_inputs == [s.name for k, s in enumerate(w.inputs) if k not in consts]
+        assert [o.name for o in model.graph.output] == [s.name for s in w.outputs]
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        for k, v in consts.items():  # the constant-weight form holds exactly the kernel's weights
+            assert np.array_equal(inits[w.inputs[k].name], v)
+        ops = [n.op_type for n in model.graph.node]
+        if w.op == "softmax":
+            assert ops == ["Softmax"]
+        elif w.op == "layernorm":
+            (node,) = model.graph.node
+            assert node.op_type == "LayerNormalization"
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert attrs["axis"] == -1 and abs(attrs["epsilon"] - 1e-5) < 1e-12
+        else:
+            assert ops == ["Transpose", "MatMul", "Mul"] + (["Add"] if w.causal else []) + ["Softmax", "MatMul"]
+            assert ("causal_mask" in inits) == bool(w.causal)
+            if w.causal:
+                assert np.array_equal(np.isneginf(inits["causal_mask"]), w.mask())
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for seed in range(3):
+            xs = S.final_inputs(w, seed, weights)
+            (y,) = sess.run(None, {s.name: x for k, (s, x) in enumerate(zip(w.inputs, xs)) if k not in consts})
+            ref = w.reference(xs)[0]
+            assert y.shape == ref.shape and np.isfinite(y).all()
+            assert np.abs(y - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), (spec, bool(consts), seed)
+
+
+def _load_adapter(src: str, tmp_path: Path, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"edgetune_test_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.load(str(path), {})
+
+
+@pytest.mark.parametrize("spec", TRANSFORMER)
+def test_transformer_numpy_forms_match_the_reference(spec, tmp_path):
+    w = parse_workload(spec)
+    run = _load_adapter(S.numpy_adapter_source(w), tmp_path, w.op)
+    first = None
+    for seed in range(3):
+        xs = w.random_inputs(seed)
+        before = [x.copy() for x in xs]
+        (y,) = run(xs)
+        assert all(np.array_equal(a, b) for a, b in zip(xs, before))  # inputs untouched
+        ref = w.reference(xs)[0]
+        assert y.dtype == np.float32 and y.shape == ref.shape and np.isfinite(y).all()
+        assert np.abs(y - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), (spec, seed)
+        first = y if first is None else first
+    assert first is y  # computed into one preallocated buffer, every call
+
+
+def test_transformer_baseline_forms_and_their_verification(tmp_path):
+    """Which forms each operator gets (layernorm: constant and runtime weights; softmax, attention:
+    no weight operand), and every form, run as its agent would, passes the real verifier."""
+    require_module("onnxruntime")
+    from edgetune.kernels.measurement import verify_run
+
+    tfl = importlib.util.find_spec("ai_edge_litert") is not None
+
+    class Info:
+        runtimes = {"tflite": "x"} if tfl else {}
+
+    dev = S.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
+    expect = {"softmax": {"ort-runtime", "numpy"} | ({"tflite"} if tfl else set()),
+              "layernorm": {"ort-constant", "ort-runtime", "numpy"}, "attention": {"ort-runtime", "numpy"}}
+    for spec in TRANSFORMER:
+        w = parse_workload(spec)
+        weights = S.final_weights(w)
+        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        assert {f.key for f in forms} == expect[w.op], (spec, skipped)
+        reasons = {s["form"]: s["reason"] for s in skipped}
+        if w.op != "layernorm":
+            assert "no weight operand" in reasons["ort-constant"]
+        xs = S.final_inputs(w, 1, weights)
+        ref = w.reference(xs)
+        for f in forms:
+            fin = f.view.to_form(xs)
+
+            class J:
+                backend, artifact, params, input_names, input_sets = (f.backend, f.artifact, f.params,
+                                                                      [s.name for s in f.view.inputs], [fin])
+            outs = [np.asarray(o, np.float32) for o in _execute(J)]
+            run = KernelRun("ok", samples_ns=[1000] * 5, outputs=outs, repeat_outputs=[o.copy() for o in outs])
+            v = verify_run(run, f.view, fin, f.view.outputs_to_form(ref))
+            assert v.ok, (spec, f.key, v.reason)
+
+
+def test_layernorm_final_rounds_use_the_constant_weight_form(tmp_path, monkeypatch):
+    require_module("onnxruntime")
+    from onnx import numpy_helper
+    import onnx
+
+    w, res, agents, store = _finish(tmp_path, monkeypatch, "layernorm:M=8,N=24", rounds=3, tflite=False)
+    assert res.verified, res.reason
+    forms = {row["form"]: row for row in res.baseline["forms"]}
+    assert {k for k, r in forms.items() if r["status"] == "verified"} == {"ort-constant", "ort-runtime", "numpy"}
+    gammas = [x[1] for x in agents.kernel_inputs]
+    assert all(np.array_equal(gammas[0], g) for g in gammas)
+    for model in (onnx.load_model_from_string(b) for who, b in agents.sent_artifacts if who == "ort-constant"):
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        assert sorted(inits) == ["beta", "gamma"] and np.array_equal(inits["gamma"], gammas[0])
+        assert [i.name for i in model.graph.input] == ["X"]

@@ -273,8 +273,12 @@ static int cmd_info(const char* dir) {
   const char* ortv = NULL;
   if (ort_find_library(NULL, dir, lib, sizeof lib) == 0) ortv = ort_library_version(lib, ver, sizeof ver);
   sb_str(&o, ortv);
+#ifdef ET_STATIC
+  sb_raw(&o, ",\"judge\":null,\"judge-sandbox\":null"); /* no dlopen in a static agent */
+#else
   char why[128];
   sb_printf(&o, ",\"judge\":\"1\",\"judge-sandbox\":\"%s\"", judge_seccomp_probe(why, sizeof why) ? "detect" : "seccomp");
+#endif
   sb_raw(&o, ",\"tflite\":null,\"tvm\":null},\"fingerprint\":");
   write_fingerprint(&o);
   sb_printf(&o, ",\"nproc\":%d,\"clock\":\"CLOCK_MONOTONIC\"}", cpu_count());

@@ -322,3 +322,17 @@ def test_transformer_unscheduled_build_matches_reference(spec, tmp_path):
         got = outs[0].numpy()
         assert got.shape == ref.shape
         assert np.abs(got - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), spec
+
+
+def test_attention_metaschedule_tuning_gives_a_verified_kernel(tmp_path):
+    """A short MetaSchedule search over the fused attention PrimFunc runs to the end (its block
+    structure once made a schedule rule abort the search) and selects a kernel that verifies on
+    fresh inputs."""
+    from edgetune.kernels.search import LocalMeasure, tune_workload, verify_run
+
+    w = parse_workload("attention:B=1,H=2,S=4,D=8,L=6,causal=1")
+    with LocalMeasure(num_threads=2, warmup_ms=2, budget_ms=5, timeout_s=60) as m:
+        out = tune_workload(w, {"kind": "llvm", "num-cores": 2}, 4, m, tmp_path / "db", fingerprint="test")
+        assert out.verified and out.trials_measured >= 1, out.reason
+        x = w.random_inputs(42)
+        assert verify_run(m(str(out.artifact_path), x, list(w.outputs)), w, x, w.reference(x)).ok

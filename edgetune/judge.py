@@ -35,7 +35,7 @@ import shlex
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -45,6 +45,38 @@ from edgetune.candidate import Candidate
 from edgetune.errors import DeviceError, EdgetuneError, UserInputError
 
 JudgeEvent = Callable[[dict[str, Any]], None]
+
+# Where the device cannot install the seccomp filter (qemu-user refuses guest filters: the test
+# farm's emulated board), the agent only DETECTS forbidden acts after a call (new processes, open
+# sockets, files open for writing) and cannot see one that was undone in time. There, a kernel
+# that imports a function of those families is refused before it runs.
+FORBIDDEN_IMPORTS: dict[str, frozenset[str]] = {
+    "forbidden-exec": frozenset({"execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle", "fexecve",
+                                 "execveat", "system", "popen", "posix_spawn", "posix_spawnp", "dlopen", "dlsym",
+                                 "dlmopen", "dlvsym"}),
+    "forbidden-process": frozenset({"fork", "vfork", "clone", "clone3", "daemon", "_Fork"}),
+    "forbidden-network": frozenset({"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+                                    "getaddrinfo", "gethostbyname", "sendto", "sendmsg", "recvfrom", "recvmsg"}),
+    # (not open/openat: reading is allowed, and a static C++ runtime imports open)
+    "forbidden-file": frozenset({"creat", "creat64", "fopen", "fopen64",
+                                 "freopen", "freopen64", "mkdir", "mkdirat", "unlink", "unlinkat", "remove",
+                                 "rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat",
+                                 "truncate", "truncate64", "chmod", "fchmodat", "chown", "lchown", "fchownat",
+                                 "mknod", "mknodat", "mkfifo", "tmpfile", "mkstemp", "mkostemp"}),
+    "forbidden-syscall": frozenset({"syscall", "kill", "tgkill", "tkill", "ptrace", "process_vm_readv",
+                                    "process_vm_writev", "pidfd_open", "pidfd_send_signal", "killpg", "sigqueue",
+                                    "prctl", "mount", "umount", "umount2", "unshare", "setns", "chroot",
+                                    "personality", "io_uring_setup", "io_uring_enter", "perf_event_open"}),
+}
+
+
+def forbidden_imports(undefined) -> tuple[str, list[str]] | None:
+    """(code, the imported names) of the first family a kernel imports from, or None."""
+    for code, names in FORBIDDEN_IMPORTS.items():
+        hit = sorted(names & set(undefined))
+        if hit:
+            return code, hit
+    return None
 
 SCHEMA = "edgetune.judge/1"
 FAST_P = (1.0, 1.5, 2.0)
@@ -483,11 +515,17 @@ def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged):
     res.abi, res.artifact_sha256 = b.abi, b.sha256
     res.build = {"command": list(b.command) if b.command else None,
                  "command_line": shlex.join(b.command) if b.command else None,
-                 "compiler": b.compiler, "flags": list(b.flags or []), "arch": arch}
+                 "compiler": b.compiler, "flags": list(b.flags or []), "arch": arch, "binary": str(b.path)}
     if b.interposed:
         res.fail("interposed-symbol", "exports symbols of libc or the agent it could interpose: "
                  + ", ".join(sorted(b.interposed)[:8]))
         return None
+    if not str(info.runtimes.get("judge-sandbox") or "").startswith("seccomp"):
+        hit = forbidden_imports(kb.elf_info(b.path).undefined)
+        if hit:
+            res.fail(hit[0], f"imports {', '.join(hit[1][:6])}: this device has no seccomp sandbox (detect mode), "
+                             f"so kernels importing process, file, network or raw-syscall functions are refused")
+            return None
     return b
 
 
@@ -554,10 +592,10 @@ def _write_report(report: Path, doc: dict[str, Any], kernels: Sequence[KernelFil
     for r in doc["results"]:
         b = r.get("build") or {}
         sha = r.get("artifact_sha256")
-        if sha:
-            src = _built_path(sha, b.get("arch"), cfg)
-            if src is not None and not (bdir / f"{sha}.so").exists():
-                _atomic_write(bdir / f"{sha}.so", src.read_bytes())
+        if sha and b.get("binary") and not (bdir / f"{sha}.so").exists():
+            data = Path(b["binary"]).read_bytes()
+            if hashlib.sha256(data).hexdigest() == sha:  # the binary judged, byte for byte
+                _atomic_write(bdir / f"{sha}.so", data)
     _atomic_write(report / "judge.json", (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
     _atomic_write(report / "judge.md", markdown(doc).encode())
     devices = " ".join(f"-d {shlex.quote(d['device'])}" for d in doc["devices"])
@@ -570,16 +608,6 @@ def _write_report(report: Path, doc: dict[str, Any], kernels: Sequence[KernelFil
              + " --report-dir rerun \"$@\"\n")
     _atomic_write(report / "rerun.sh", rerun.encode())
     os.chmod(report / "rerun.sh", 0o755)
-
-
-def _built_path(sha: str, arch: str | None, cfg: JudgeConfig) -> Path | None:
-    from edgetune.devices.inventory import edgetune_home
-
-    base = Path(cfg.build_dir) if cfg.build_dir else edgetune_home() / "judge" / str(arch)
-    for p in (base.glob(f"*{sha[:16]}*") if base.is_dir() else []):
-        if p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest() == sha:
-            return p
-    return None
 
 
 def _json_default(o: Any) -> Any:

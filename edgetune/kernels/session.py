@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -642,7 +642,7 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
                  ("ort-runtime", "onnxruntime, runtime weights", {}, "runtime")]
     for key, label, consts, kind in ort_forms:
         if kind == "constant" and not weights:
-            skip(key, label, f"{op} has no weight operand (both operands are activations)")
+            skip(key, label, f"{op} has no weight operand (every input is an activation)")
             continue
         if not dev.native_ort:
             skip(key, label, dev.native_ort_reason or "no onnxruntime on the device")

@@ -71,7 +71,7 @@ def check_verdicts(doc: dict, expect: dict[str, set[str]]) -> None:
             wrong[r["kernel"]] = (got, r["errors"][:2], sorted(want))
     assert not wrong, f"judged under the wrong name: {wrong}"
     for r in doc["results"]:
-        if "correct" not in expect[r["kernel"]] or expect[r["kernel"]] != {"correct"}:
+        if expect[r["kernel"]] != {"correct"}:
             # a dishonest kernel (even one whose cheat the fresh inputs defeat) is never correct-and-faster
             assert not (r["correct"] and r["fast"].get("1")), r["kernel"]
         if expect[r["kernel"]] == {"correct"}:
@@ -98,6 +98,11 @@ def test_judge_on_every_transport(request, tmp_path_factory, tmp_path, transport
     print(transport, json.dumps(dev["leaderboard"]), dev["sandbox"])
     for r in doc["results"]:
         print(" ", r["kernel"], "correct" if r["correct"] else r["failure"], (r["errors"] or [""])[0][:120])
+    if emulated:
+        # qemu-user emulates the harness's side of every return more slowly than the kernel's own
+        # thread finishes a tiny GEMM, so the late work is complete before any check reads it; an
+        # emulated device gives no speed verdict, so the cheat gains nothing there (on hardware: late-write)
+        expect["gemm_late_thread.c"] = expect["gemm_late_thread.c"] | {"correct"}
     check_verdicts(doc, expect)
     assert dev["sandbox"] == ("detect" if emulated else "seccomp")
     assert bool(dev["emulated"]) == emulated

@@ -1,4 +1,4 @@
-/* edgetune-judge: op=gemm:M=97,N=130,K=75 expect=late-write|non-finite|wrong-when-timed|wrong-output -- returns at once; a thread writes the output later */
+/* edgetune-judge: op=gemm:M=97,N=130,K=75 expect=late-write|non-finite|wrong-when-timed|wrong-output|non-deterministic|stale-output -- returns at once; a thread writes the output later */
 /* Late write: starts a detached pthread that computes C after edgetune_kernel has returned, so a
  * timer that stops at the return measures nothing and the output lands after the clock stopped. */
 #define _GNU_SOURCE

@@ -96,6 +96,7 @@ class JudgeConfig:
     rounds: int = DEFAULT_ROUNDS
     budget_ms: float = 50.0
     timeout_s: float = 60.0
+    memory_mb: int = 4096  # resident memory of a kernel run, all its processes (the agent's supervisor)
     num_threads: int | None = None
     cflags: Sequence[str] = ()
     exact_shape: bool = False
@@ -236,8 +237,8 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
     emit = progress or (lambda ev: None)
     if cfg.rounds < 1:
         raise UserInputError(f"--rounds must be >= 1, got {cfg.rounds}")
-    if cfg.budget_ms <= 0 or cfg.timeout_s <= 0:
-        raise UserInputError("--budget-ms and --timeout must be positive")
+    if cfg.budget_ms <= 0 or cfg.timeout_s <= 0 or cfg.memory_mb <= 0:
+        raise UserInputError("--budget-ms, --timeout and --memory-mb must be positive")
     w = parse_workload(cfg.op)
     kernels = collect_kernels(cfg.kernels)
     inventory = cfg.inventory or Inventory()
@@ -293,7 +294,8 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                         {"kind": "judge", "op": w.spec(), "odd_shape": odd.spec() if odd else None,
                          "rounds": cfg.rounds, "budget_ms": cfg.budget_ms, "timeout_s": cfg.timeout_s,
                          "kernels": [{"name": k.name, "sha256": k.sha256, "kind": k.kind} for k in kernels],
-                         "cflags": list(cfg.cflags), "command": cfg.command, "num_threads": measure.num_threads})
+                         "cflags": list(cfg.cflags), "command": cfg.command, "num_threads": measure.num_threads,
+                         "memory_mb": cfg.memory_mb})
         started = True
         results = [Judged(k.name, str(k.path), k.kind, k.sha256, spec.name) for k in kernels]
         built: dict[str, Any] = {}
@@ -319,7 +321,8 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                        params={"abi": b.abi, "num_threads": measure.num_threads},
                        input_names=[s.name for s in view.inputs], input_sets=[inputs],
                        output_specs=[s.as_json() for s in view.outputs], budget_ms=cfg.budget_ms,
-                       warmup_ms=min(20.0, max(5.0, cfg.budget_ms / 5)), max_iters=20_000, timeout_s=cfg.timeout_s)
+                       warmup_ms=min(20.0, max(5.0, cfg.budget_ms / 5)), max_iters=20_000, timeout_s=cfg.timeout_s,
+                       memory_mb=cfg.memory_mb)
 
         def run_kernel(k: KernelFile, view, inputs):
             from edgetune.kernels.device_measure import job_to_kernel_run

@@ -24,6 +24,8 @@ def judge_cmd(
                                "baseline form (a speed verdict needs at least 3)"),
     budget_ms: float = typer.Option(50.0, "--budget-ms", help="timing budget per kernel run"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a kernel counts as hung"),
+    memory_mb: int = typer.Option(4096, "--memory-mb", help="resident memory a kernel run may use (all its "
+                                  "processes); past it: out-of-memory"),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="TVM modules' thread pool (default: cores)"),
     cflag: List[str] = typer.Option([], "--cflag", help="extra compiler flag for C/C++/CUDA sources (repeatable)"),
     exact_shape: bool = typer.Option(False, "--exact-shape", help="check correctness at the spec's shape only "
@@ -35,16 +37,16 @@ def judge_cmd(
     fmt: Format = FormatOpt,
 ) -> None:
     """Judge third-party kernels: correct? memory-safe? faster than the strongest baseline? Per device."""
-    run_guarded(_judge, reproducing_command(ctx), kernels, op, device, rounds, budget_ms, timeout, threads, cflag,
+    run_guarded(_judge, reproducing_command(ctx), kernels, op, device, rounds, budget_ms, timeout, memory_mb, threads, cflag,
                 exact_shape, baseline, report_dir, db, fmt)
 
 
-def _judge(command, kernels, op, devices, rounds, budget_ms, timeout, threads, cflags, exact_shape, baseline,
+def _judge(command, kernels, op, devices, rounds, budget_ms, timeout, memory_mb, threads, cflags, exact_shape, baseline,
            report_dir, db, fmt):
     from edgetune.judge import JudgeConfig, judge  # lazy: CLI start-up (imports numpy)
 
     cfg = JudgeConfig(op=op, kernels=list(kernels), devices=list(devices), rounds=rounds, budget_ms=budget_ms,
-                      timeout_s=timeout, num_threads=threads, cflags=list(cflags), exact_shape=exact_shape,
+                      timeout_s=timeout, memory_mb=memory_mb, num_threads=threads, cflags=list(cflags), exact_shape=exact_shape,
                       baseline=baseline, db=db, report_dir=report_dir, command=command)
     quiet = fmt == Format.json
 

@@ -1009,6 +1009,8 @@ def final_rounds(w, entrants: Sequence[Entrant], forms: Sequence["BaselineForm"]
     participants = list(entrants) + [Entrant(f.key, form=f) for f in forms]
     groups: dict[str, list[np.ndarray]] = {p.key: [] for p in participants}
     failed: dict[str, str] = {}
+    if not entrants:
+        return FinalRounds(groups, failed, 0)  # nothing to race: no baseline is measured for nobody
     for rnd in range(1, rounds + 1):
         inputs = final_inputs(w, rnd, weights)
         reference = w.reference(inputs)

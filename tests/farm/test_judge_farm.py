@@ -132,7 +132,8 @@ def test_judge_names_hang_and_memory_hog_and_keeps_other_verdicts(tmp_path_facto
     names = ["gemm_hang.c", "gemm_memhog.c", "gemm_naive.c", "gemm_kill.c", "gemm_file.c"]
     expect = expectations(names)
     cfg = JudgeConfig(op=OP, kernels=[str(KERNELS / n) for n in names], devices=["dev"], rounds=3,
-                      budget_ms=20.0, timeout_s=8.0, db=str(tmp_path / "j.db"), inventory=inv, baseline=False)
+                      budget_ms=20.0, timeout_s=8.0, memory_mb=512, db=str(tmp_path / "j.db"), inventory=inv,
+                      baseline=False)
     doc = judge(cfg)
     check_verdicts(doc, expect)
     assert not list(Path("/tmp").glob("edgetune-judge-pwned-*")), "a kernel wrote a file outside its sandbox"

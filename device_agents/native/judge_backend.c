@@ -98,6 +98,7 @@ typedef struct {
   int32_t rc;
   int32_t fault;        /* 1: a fault record below */
   int32_t exit_called;  /* the kernel called exit() (atexit ran) */
+  char f_name[32];      /* a libc guard's function (detect mode; f_sig 0) */
   int32_t f_sig, f_code, f_class, f_nr;
   uint64_t f_addr;
   char msg[512];
@@ -794,6 +795,21 @@ static DLDataType dl_dtype(et_dtype t) {
   return d;
 }
 
+extern volatile int g_judge_guard; /* judge_guard.c */
+
+/* a libc guard saw a forbidden call (detect mode): a fault record, as the seccomp trap writes */
+void judge_guard_trip(int cls, const char* name) {
+  ctl_page* c = g_ctl;
+  if (c) {
+    c->f_sig = 0;
+    c->f_class = cls;
+    c->f_nr = -1;
+    snprintf(c->f_name, sizeof c->f_name, "%s", name);
+    __atomic_store_n(&c->fault, 1, __ATOMIC_SEQ_CST);
+  }
+  syscall(SYS_exit_group, EXIT_FAULT);
+}
+
 static void on_exit_record(void) {
   if (g_ctl) g_ctl->exit_called = 1;
 }
@@ -934,6 +950,7 @@ static void child_main(judge_state* s, pid_t parent) {
     int rc = 0;
     if (cmd == CMD_EXIT) _exit(0);
     if (cmd == CMD_LOAD) {
+      if (!s->seccomp_ok) g_judge_guard = 1; /* from the kernel's constructors on */
       rc = child_load(s);
       if (rc == 0) {
         g_abi_tvm = s->abi_tvm;
@@ -1012,6 +1029,12 @@ static void name_buffer(judge_state* s, const jbuf* b, char* out, size_t outlen)
 static void classify_death(judge_state* s) {
   int st = s->child_status;
   ctl_page* c = s->ctl;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_FAULT && c->fault && c->f_sig == 0 && c->f_class > 0 &&
+      c->f_class <= CL_SYSCALL) {
+    set_fault(s, kClassCode[c->f_class], "the kernel called %.*s (detected)", (int)strnlen(c->f_name, sizeof c->f_name),
+              c->f_name);
+    return;
+  }
   if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_FAULT && c->fault) {
     if (c->f_sig == SIGSYS && c->f_class > 0 && c->f_class <= CL_SYSCALL) {
       const char* nm = syscall_name(c->f_nr);
@@ -1068,9 +1091,12 @@ static void classify_death(judge_state* s) {
               c->msg);
   else if (c->exit_called)
     set_fault(s, "crashed", "the kernel called exit(%d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  else if (!s->seccomp_ok) /* no trap, no fault, no exit(): its image was replaced, most likely */
+    set_fault(s, "forbidden-exec", "the kernel process ended with status %d without exit() or a fault: another "
+              "program replaced it, or it called _exit (detected)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
   else
-    set_fault(s, "crashed", "the kernel process ended with status %d without exit(): it ran another program%s, or "
-              "called _exit", WIFEXITED(st) ? WEXITSTATUS(st) : -1, s->seccomp_ok ? "" : " (not detectable here)");
+    set_fault(s, "crashed", "the kernel process ended with status %d without exit(): it called _exit",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
 static int reap(judge_state* s, int block) {

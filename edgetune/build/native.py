@@ -32,7 +32,8 @@ from edgetune.hashing import sha256_file  # noqa: F401  (re-exported)
 from edgetune.errors import ToolchainError
 
 AGENT_SRC = Path(__file__).resolve().parents[2] / "device_agents" / "native"
-SOURCES = ("agent.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c")
+SOURCES = ("agent.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c",
+           "judge_guard.c")
 HEADERS = ("backend.h", "json.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h", "tvm_abi.h")
 EMPTY_TABLE = "kernels_none.c"
 AGENT_NAME = "edgetune-agent"

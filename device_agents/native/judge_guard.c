@@ -7,6 +7,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#undef _FORTIFY_SOURCE /* the headers' inline open() would clash with the definitions here */
 volatile int g_judge_guard; /* set in the kernel child in detect mode only */
 
 #ifndef ET_STATIC
@@ -177,6 +178,24 @@ OPEN_LIKE(open64)
   }
 OPENAT_LIKE(openat)
 OPENAT_LIKE(openat64)
+#ifdef __GLIBC__
+/* what _FORTIFY_SOURCE builds of a kernel call instead of open/openat */
+int __open_2(const char* p, int flags) {
+  if (g_judge_guard && (flags & WRITE_FLAGS)) judge_guard_trip(G_FILE, "open");
+  REAL(int (*)(const char*, int), "__open_2");
+  return real_(p, flags);
+}
+int __open64_2(const char* p, int flags) {
+  if (g_judge_guard && (flags & WRITE_FLAGS)) judge_guard_trip(G_FILE, "open64");
+  REAL(int (*)(const char*, int), "__open64_2");
+  return real_(p, flags);
+}
+int __openat_2(int dfd, const char* p, int flags) {
+  if (g_judge_guard && (flags & WRITE_FLAGS)) judge_guard_trip(G_FILE, "openat");
+  REAL(int (*)(int, const char*, int), "__openat_2");
+  return real_(dfd, p, flags);
+}
+#endif
 int creat(const char* p, mode_t m) {
   if (g_judge_guard) judge_guard_trip(G_FILE, "creat");
   REAL(int (*)(const char*, mode_t), "creat");

@@ -89,12 +89,18 @@ enum { CL_NONE = 0, CL_EXEC = 1, CL_PROCESS = 2, CL_NETWORK = 3, CL_FILE = 4, CL
 static const char* kClassCode[] = {"crashed", "forbidden-exec", "forbidden-process", "forbidden-network",
                                    "forbidden-file", "forbidden-syscall"};
 
+/* how long the timer spins on a call's return before it sleeps: until the kernel's thread count
+ * is known, then adapt_spin's choice (params.spin_us fixes it) */
+#define JUDGE_SPIN_NS 0LL
+#define JUDGE_SPIN_FREE_CORE_NS 1000000LL
+
 /* the shared control page */
 typedef struct {
   _Alignas(64) _Atomic uint32_t go;
   _Alignas(64) _Atomic uint32_t done;
   _Alignas(64) _Atomic int32_t cmd;
   _Atomic int32_t idle; /* the parent announced a long pause: the child may sleep on `go` */
+  _Alignas(64) _Atomic int32_t parent_waiting; /* the parent sleeps on `done`: the child wakes it */
   int32_t rc;
   int32_t fault;        /* 1: a fault record below */
   int32_t exit_called;  /* the kernel called exit() (atexit ran) */
@@ -131,6 +137,8 @@ typedef struct {
   int seccomp_ok;
   char seccomp_why[128];
   long long handshake_ns;
+  long long spin_ns; /* how long the timer spins on `done` before it sleeps (adapt_spin) */
+  int spin_fixed;    /* params.spin_us gave it */
   /* detect mode baseline */
   char cmdline0[1024];
   size_t cmdline0_len;
@@ -994,7 +1002,9 @@ static void child_main(judge_state* s, pid_t parent) {
       }
     }
     c->rc = rc;
-    atomic_store_explicit(&c->done, g, memory_order_release);
+    atomic_store_explicit(&c->done, g, memory_order_seq_cst);
+    if (atomic_load_explicit(&c->parent_waiting, memory_order_seq_cst))
+      syscall(SYS_futex, &c->done, FUTEX_WAKE, 1, NULL, NULL, 0);
   }
 }
 
@@ -1127,20 +1137,37 @@ static int call(judge_state* s, int cmd, char* err, size_t errlen) {
     atomic_store_explicit(&c->idle, 0, memory_order_relaxed);
     syscall(SYS_futex, &c->go, FUTEX_WAKE, 1, NULL, NULL, 0);
   }
+  /* Spin for the first spin_ns (a short kernel's return is seen within ~100 ns), then sleep on
+   * `done` until the child wakes us: a spinning timer would take a core from a kernel that uses
+   * all of them (a 2-thread TVM kernel on 2 cores ran 12x slower against a spinning parent). The
+   * sleep's wake-up latency is on the kernel's clock, but only for calls longer than spin_ns. */
   unsigned spins = 0;
+  int64_t spin_until = s->spin_ns > 0 ? mono_ns() + s->spin_ns : 0;
+  int sleeping = 0;
   while (atomic_load_explicit(&c->done, memory_order_acquire) != want) {
-    cpu_relax();
-    if ((++spins & 255) == 0) sched_yield(); /* the child (or a kernel's threads) may share this core */
-    if ((spins & 4095) == 0) {
-      if (reap(s, 0)) {
-        classify_death(s);
-        snprintf(err, errlen, "%s: %s", s->fault_code, s->fault_detail);
-        return -1;
+    if (!sleeping) {
+      cpu_relax();
+      if ((++spins & 63) == 0 && mono_ns() >= spin_until) sleeping = 1;
+      else if ((spins & 4095) != 0) continue;
+    }
+    if (sleeping) {
+      atomic_store_explicit(&c->parent_waiting, 1, memory_order_seq_cst);
+      uint32_t seen = atomic_load_explicit(&c->done, memory_order_seq_cst);
+      if (seen != want) {
+        struct timespec ts = {0, 2000000}; /* 2 ms: look at the child and the deadline */
+        syscall(SYS_futex, &c->done, FUTEX_WAIT, seen, &ts, NULL, 0);
       }
-      if (s->deadline_ns && mono_ns() > s->deadline_ns) {
-        snprintf(err, errlen, "hung: the kernel did not return within the job's time limit");
-        return -1;
-      }
+      atomic_store_explicit(&c->parent_waiting, 0, memory_order_relaxed);
+      if (atomic_load_explicit(&c->done, memory_order_acquire) == want) break;
+    }
+    if (reap(s, 0)) {
+      classify_death(s);
+      snprintf(err, errlen, "%s: %s", s->fault_code, s->fault_detail);
+      return -1;
+    }
+    if (s->deadline_ns && mono_ns() > s->deadline_ns) {
+      snprintf(err, errlen, "hung: the kernel did not return within the job's time limit");
+      return -1;
     }
   }
   return 0;
@@ -1283,6 +1310,9 @@ static int judge_load(backend* b, const backend_config* cfg, char* err, size_t e
   snprintf(s->entry, sizeof s->entry, "%s", entry ? entry : s->abi_tvm ? "__tvm_ffi_main" : "edgetune_kernel");
   long long nt;
   s->nthreads = param_int(cfg->params, "num_threads", &nt) == 0 && nt > 0 ? (int)(nt > 1024 ? 1024 : nt) : cpu_count();
+  long long spin_us = -1;
+  s->spin_fixed = param_int(cfg->params, "spin_us", &spin_us) == 0 && spin_us >= 0;
+  s->spin_ns = s->spin_fixed ? spin_us * 1000 : JUDGE_SPIN_NS;
   s->timeout_s = cfg->timeout_s;
   if (s->timeout_s > 0) s->deadline_ns = mono_ns() + (int64_t)((s->timeout_s + 1.0) * 1e9);
   if (realpath(cfg->artifact, s->artifact) == NULL) snprintf(s->artifact, sizeof s->artifact, "%s", cfg->artifact);
@@ -1392,9 +1422,34 @@ static int judge_run(backend* b, char* err, size_t errlen) {
   return 0;
 }
 
+/* threads of the kernel's child now (field 20 of /proc/<pid>/stat), or -1 */
+static long child_threads(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  if (read_file(path, buf, sizeof buf) <= 0) return -1;
+  char* p = strrchr(buf, ')');
+  if (!p) return -1;
+  int field = 2;
+  for (; *p && field < 20; p++)
+    if (*p == ' ') field++;
+  return strtol(p, NULL, 10);
+}
+
+/* The timer spins on a call's return only while the kernel leaves it a core (its threads fewer
+ * than the CPUs): there spinning is free and sees the return within ~100 ns. A kernel that uses
+ * every core would lose one to a spinning timer (12x slower for a 2-thread TVM GEMM on 2 cores,
+ * tools/bench/bench_judge_harness.py), so there the timer sleeps and the child wakes it. Looked
+ * at outside the timed region, each time the agent checks the guards (thread pools start late). */
+static void adapt_spin(judge_state* s) {
+  if (s->spin_fixed || s->child_reaped) return;
+  long t = child_threads(s->child);
+  if (t > 0) s->spin_ns = t < cpu_count() ? JUDGE_SPIN_FREE_CORE_NS : 0;
+}
+
 static int judge_check(backend* b, char* err, size_t errlen) {
   judge_state* s = (judge_state*)b->state;
   if (!s || s->child <= 0) return 0;
+  adapt_spin(s);
   if (!s->fault_code[0] && reap(s, 0)) classify_death(s);
   if (!s->fault_code[0] && !s->seccomp_ok && !s->child_reaped) detect(s);
   if (s->fault_code[0]) {
@@ -1433,7 +1488,7 @@ static void judge_details(backend* b, sbuf* out) {
   sb_str(out, s->entry);
   sb_raw(out, ",\"sandbox\":");
   sb_str(out, sandbox);
-  sb_printf(out, ",\"handshake_ns\":%lld,\"threads\":%d,\"inputs_sealed\":%s", s->handshake_ns,
+  sb_printf(out, ",\"spin_ns\":%lld,\"handshake_ns\":%lld,\"threads\":%d,\"inputs_sealed\":%s", s->spin_ns, s->handshake_ns,
             s->abi_tvm ? s->nthreads : 0, s->sealed ? "true" : "false");
 }
 

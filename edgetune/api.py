@@ -157,3 +157,17 @@ def report_markdown(outcome: TuneOutcome) -> str:
 
 
 __all__ = ["tune", "bench", "verify_config", "report_markdown", "resolve_model", "TuneConfig"]
+
+
+def judge(op: str, kernels: Sequence[str], devices: Sequence[str] = ("local",), *, rounds: int = 5,
+          budget_ms: float = 50.0, report_dir: str | None = None, db: str | None = None, **options: Any) -> dict:
+    """Judge third-party kernels (``edgetune judge``): the JSON document of schema ``edgetune.judge/1``
+    (one entry per kernel per device: ``correct``, ``failure``, ``speed`` with its 95% interval, the
+    build and every sample; per device the strongest baseline and the fast_p leaderboard).
+    ``options``: any other field of ``edgetune.judge.JudgeConfig`` (timeout_s, memory_mb, cflags,
+    exact_shape, baseline, num_threads)."""
+    from edgetune.judge import JudgeConfig
+    from edgetune.judge import judge as _judge
+
+    return _judge(JudgeConfig(op=op, kernels=list(kernels), devices=list(devices), rounds=rounds, budget_ms=budget_ms,
+                              report_dir=report_dir, db=db, **options))

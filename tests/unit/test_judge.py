@@ -96,7 +96,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, args, needle):
     assert not (Path("/proc") / "edgetune-report").exists()
 
 
-def test_judge_cli_end_to_end_json_report_and_records(tmp_path):
+def test_judge_cli_end_to_end_json_report_and_records(tmp_path, monkeypatch):
     home = tmp_path / "home"
     names = ["gemm_naive.c", "gemm_blocked.c", "gemm_odd_sizes.c", "gemm_oob_write.c", "gemm_network.c",
              "gemm_mutate_input.c"]
@@ -137,6 +137,21 @@ def test_judge_cli_end_to_end_json_report_and_records(tmp_path):
     finally:
         con.close()
     assert kinds == ["judge"] and n >= 2 * 3 + 4  # two kernels x 3 rounds + odd-size checks + baselines
+    # the package re-runs: rerun.sh judges the same kernels again (measured afresh, nothing read back)
+    env = {**os.environ, "EDGETUNE_HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    p = subprocess.run(["sh", str(report / "rerun.sh"), "--rounds", "1", "--no-baseline", "--db", str(db), "-f", "json"],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    again = json.loads(p.stdout)
+    assert {r["kernel"]: r["correct"] for r in again["results"]} == {r["kernel"]: r["correct"] for r in doc["results"]}
+    assert {r["artifact_sha256"] for r in again["results"]} == {r["artifact_sha256"] for r in doc["results"]}
+    assert (report / "rerun" / "judge.json").is_file()
+    # the Python API gives the same document
+    from edgetune import api
+
+    monkeypatch.setenv("EDGETUNE_HOME", str(home))
+    via_api = api.judge("gemm:M=32,N=24,K=16", [str(KERNELS / "gemm_naive.c")], rounds=1, baseline=False, db=str(db))
+    assert via_api["schema"] == "edgetune.judge/1" and via_api["results"][0]["correct"]
     # the table form of the same judgement
     p = _cli("judge", "--op", "gemm:M=32,N=24,K=16", str(KERNELS / "gemm_naive.c"), str(KERNELS / "gemm_file.c"),
              "--rounds", "3", "--budget-ms", "10", "--no-baseline", "--db", str(db), home=home, check_rc=0)

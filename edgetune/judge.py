@@ -243,7 +243,7 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
     kernels = collect_kernels(cfg.kernels)
     inventory = cfg.inventory or Inventory()
     specs = [inventory.get(d) for d in (cfg.devices or ["local"])]  # unknown device: one line, before any work
-    report = _prepare_report_dir(cfg.report_dir) if cfg.report_dir else None
+    report, made = _prepare_report_dir(cfg.report_dir) if cfg.report_dir else (None, False)
     odd = None if cfg.exact_shape else odd_variant(w)
     doc: dict[str, Any] = {"schema": SCHEMA, "op": w.spec(), "workload_key": w.key(), "flops": int(w.flops()),
                            "odd_shape": odd.spec() if odd else None, "rounds": cfg.rounds,
@@ -252,10 +252,15 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
                                        for k in kernels],
                            "devices": [], "results": []}
     emit({"event": "start", "op": w.spec(), "kernels": len(kernels), "devices": [s.name for s in specs]})
-    for spec in specs:
-        dev_doc, results = _judge_device(cfg, spec, w, odd, kernels, emit)
-        doc["devices"].append(dev_doc)
-        doc["results"].extend(r.as_dict() for r in results)
+    try:
+        for spec in specs:
+            dev_doc, results = _judge_device(cfg, spec, w, odd, kernels, emit)
+            doc["devices"].append(dev_doc)
+            doc["results"].extend(r.as_dict() for r in results)
+    except BaseException:
+        if made:  # a report directory this run created and never filled is not left behind
+            shutil.rmtree(report, ignore_errors=True)
+        raise
     if report is not None:
         _write_report(report, doc, kernels, cfg)
         doc["report_dir"] = str(report)
@@ -557,20 +562,24 @@ def leaderboard(results: Sequence[Judged], emulated: Any = None) -> dict[str, An
 # ---------------------------------------------------------------------------------------------
 
 
-def _prepare_report_dir(path: str) -> Path:
-    """The report directory, created now (an unwritable path fails before any device work)."""
+def _prepare_report_dir(path: str) -> tuple[Path, bool]:
+    """The report directory and whether this call made it: made now, so an unwritable path fails
+    before any device work. A re-run into the same directory replaces its files (each written
+    whole, then renamed)."""
     p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UserInputError(f"--report-dir {p}: exists and is not a directory")
+    made = not p.exists()
     try:
-        existed = p.exists()
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".edgetune-write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
+        if made:
+            shutil.rmtree(p, ignore_errors=True)
         raise UserInputError(f"--report-dir {p}: cannot write there ({exc.strerror or exc})") from None
-    if existed and any(x.name in ("judge.json", "judge.md") for x in p.iterdir()):
-        pass  # a re-run replaces the previous report's files (each written whole, then renamed)
-    return p
+    return p, made
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

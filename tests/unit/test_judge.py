@@ -156,3 +156,22 @@ def test_judge_cli_end_to_end_json_report_and_records(tmp_path, monkeypatch):
     p = _cli("judge", "--op", "gemm:M=32,N=24,K=16", str(KERNELS / "gemm_naive.c"), str(KERNELS / "gemm_file.c"),
              "--rounds", "3", "--budget-ms", "10", "--no-baseline", "--db", str(db), home=home, check_rc=0)
     assert "forbidden-file" in p.stdout and "1/2 correct" in p.stdout
+
+
+def test_unreachable_device_is_one_line_and_leaves_no_report_dir(tmp_path):
+    import socket
+
+    home = tmp_path / "home"
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    key = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    _cli("devices", "add", "gone", f"ssh://nobody@127.0.0.1:{port}", "--key", str(key), home=home, check_rc=0)
+    report = tmp_path / "out" / "report"
+    p = _cli("judge", "--op", "gemm:M=8,N=8,K=8", str(KERNELS / "gemm_naive.c"), "-d", "gone", "--report-dir",
+             str(report), home=home)
+    lines = [x for x in p.stderr.splitlines() if x.strip() and not x.startswith("judging")]
+    assert p.returncode == 3 and len(lines) == 1 and lines[0].startswith("error:"), p.stderr  # 3: device
+    assert "Traceback" not in p.stderr and not report.exists()

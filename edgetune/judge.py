@@ -305,7 +305,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         results = [Judged(k.name, str(k.path), k.kind, k.sha256, spec.name) for k in kernels]
         built: dict[str, Any] = {}
         for k, res in zip(kernels, results):
-            b = _build_for(k, info, cfg, res)
+            b = _build_for(k, info, cfg, res, op_macros(w))
             if b is not None:
                 built[k.name] = b
         shape = {"op": w.spec()}
@@ -495,7 +495,15 @@ class _BaselineCfg:  # what the session's baseline helpers read from a config
     timeout_s: float
 
 
-def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged):
+def op_macros(w) -> list[str]:
+    """``-D`` flags for a source kernel: the op's attributes that are not tensor shapes (a causal
+    mask, strides, pads, filter sizes, a transposed operand), e.g. ``-DEDGETUNE_ATTENTION_CAUSAL=1``:
+    the ABI passes shapes, not attributes. The same in the odd-size check and the rounds."""
+    keep = _KEEP.get(w.op, set())
+    return [f"-DEDGETUNE_{w.op.upper()}_{k.upper()}={v}" for k, v in w.params().items() if k in keep]
+
+
+def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Sequence[str] = ()):
     """The binary judged on this device (built here for its architecture), or None with the
     kernel's failure recorded (build error, wrong architecture, interposed symbols, CUDA on a CPU)."""
     from edgetune.build import kernel_build as kb
@@ -508,12 +516,12 @@ def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged):
             if not info.runtimes.get("cuda"):
                 res.fail("not-applicable", "a CUDA kernel: this device has no CUDA GPU")
                 return None
-            b = kb.build_kernel(k.path, arch, out_dir, cflags=cfg.cflags)
+            b = kb.build_kernel(k.path, arch, out_dir, cflags=[*macros, *cfg.cflags])
         elif k.kind == "shared-object":
             b = kb.prepare_prebuilt(k.path, arch)
         else:
             triple = None if arch == "x86_64" else "aarch64-linux-gnu" if arch in ("aarch64", "arm64") else arch
-            b = kb.build_kernel(k.path, arch, out_dir, triple=triple, cflags=cfg.cflags)
+            b = kb.build_kernel(k.path, arch, out_dir, triple=triple, cflags=[*macros, *cfg.cflags])
     except EdgetuneError as exc:
         msg = str(exc)
         code = "wrong-architecture" if "architecture" in msg else "bad-artifact" if k.kind == "shared-object" \

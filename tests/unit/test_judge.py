@@ -37,6 +37,30 @@ def test_odd_variant_changes_dimensions_only():
     assert att.params()["causal"] == 1 and att.params()["S"] == 15 and att.params()["D"] == 7
 
 
+def test_op_attributes_reach_source_kernels_as_macros():
+    from edgetune.judge import op_macros
+
+    assert op_macros(parse_workload("attention:B=1,H=2,S=8,D=4,causal=1")) == ["-DEDGETUNE_ATTENTION_CAUSAL=1"]
+    assert op_macros(parse_workload("gemm:M=2,N=2,K=2")) == []
+    assert "-DEDGETUNE_CONV2D_NCHW_STRIDE=2" in op_macros(
+        parse_workload("conv2d_nchw:N=1,C=8,H=12,W=12,K=16,R=3,S=3,stride=2,pad=1"))
+
+
+def test_transformer_kernels_are_judged(tmp_path, monkeypatch):
+    """The same attention source judged without and with the causal mask (the spec's attribute
+    reaches it as -DEDGETUNE_ATTENTION_CAUSAL), softmax and layernorm: correct, with a speed verdict."""
+    from edgetune import api
+
+    monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
+    for op, kernel in (("attention:B=1,H=2,S=12,D=8,L=16,causal=1", "attention_naive.c"),
+                       ("attention:B=1,H=2,S=12,D=8", "attention_naive.c"),
+                       ("softmax:M=10,N=33", "softmax_naive.c"), ("layernorm:M=10,N=33", "layernorm_naive.c")):
+        doc = api.judge(op, [str(KERNELS / kernel)], rounds=3, budget_ms=10.0, db=str(tmp_path / "j.db"))
+        (r,) = doc["results"]
+        assert r["correct"], (op, r["errors"])
+        assert r["speed"]["baseline"] and r["speed"]["ci95"], (op, r["speed"])
+
+
 def test_collect_kernels(tmp_path):
     with pytest.raises(UserInputError, match="no such kernel"):
         collect_kernels([str(tmp_path / "missing.c")])

@@ -136,6 +136,7 @@ class Judged:
     fast: dict[str, bool | None] = field(default_factory=dict)
     sandbox: str | None = None
     handshake_ns: float | None = None
+    timer: str | None = None  # how the agent's worker waited for the kernel's return: spin | sleep
     median_ns: float | None = None
     round_samples_ns: list[list[int]] = field(default_factory=list)
 
@@ -338,6 +339,9 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
             hs = jr.backend_info.get("handshake_ns")
             if isinstance(hs, (int, float)) and res.handshake_ns is None:
                 res.handshake_ns = float(hs)
+            spin = jr.backend_info.get("spin_ns")
+            if isinstance(spin, (int, float)) and jr.ok:  # the last run's choice (made once threads were known)
+                res.timer = "spin" if spin > 0 else "sleep"
             return jr, job_to_kernel_run(jr, inputs, view.outputs)
 
         by_name = {r.kernel: r for r in results}

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgetune.agent.validate import FAULT_CODES
 from edgetune.build import kernel_build as kb
 from edgetune.errors import ToolchainError, UserInputError
 from edgetune.hashing import sha256_file
@@ -36,7 +37,7 @@ HONEST = ("gemm_naive.c", "gemm_blocked.c", "gemm_blocked.cpp", "softmax_naive.c
 CODES = {"correct", "wrong-output", "imprecise", "non-deterministic", "input-mutated", "out-of-bounds-access",
          "out-of-bounds-write", "stale-output", "wrong-when-timed", "insensitive", "caching", "late-write",
          "non-finite", "interposed-symbol", "crashed", "hung", "out-of-memory", "forbidden-exec",
-         "forbidden-process", "forbidden-network", "forbidden-file", "forbidden-syscall"}
+         "forbidden-process", "forbidden-network", "forbidden-file", "forbidden-syscall"} | set(FAULT_CODES)
 HEADER = re.compile(r"^/\* edgetune-judge: op=(?P<op>[a-z_]+:[A-Za-z]+=\d+(?:,[A-Za-z]+=\d+)*) "
                     r"expect=(?P<expect>[a-z-]+(?:\|[a-z-]+)*) -- (?P<desc>[^\n]+?) \*/$")
 AARCH64 = "aarch64-linux-gnu"

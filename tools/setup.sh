@@ -30,3 +30,31 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; th
   .venv/bin/python -m pip install -q -e '.[all]'
   echo "$want" > "$STAMP"
 fi
+
+# onnxruntime's own libonnxruntime.so for aarch64 boards without Python (the native agent loads it):
+# from the onnxruntime wheel of that architecture on PyPI. 1.20.1: later aarch64 builds crash at load
+# under qemu-user (the test farm's board), 1.20.1 loads there and on hardware.
+ORT_A64_VERSION=1.20.1
+ORT_A64=.venv/share/edgetune/ort-aarch64-$ORT_A64_VERSION/libonnxruntime.so
+if [ ! -s "$ORT_A64" ]; then
+  tmp=$(mktemp -d)
+  if .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+       --platform manylinux_2_27_aarch64 --platform manylinux2014_aarch64 -d "$tmp" \
+       "onnxruntime==$ORT_A64_VERSION" 2>/dev/null; then
+    mkdir -p "$(dirname "$ORT_A64")"
+    .venv/bin/python - "$tmp" "$ORT_A64" <<'PY'
+import glob, os, sys, zipfile
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if "/libonnxruntime.so" in n)
+    data = z.read(name)
+tmp = sys.argv[2] + ".tmp"
+with open(tmp, "wb") as f:
+    f.write(data)
+os.replace(tmp, sys.argv[2])
+PY
+  else
+    echo "setup: could not download onnxruntime $ORT_A64_VERSION for aarch64 (boards get no onnxruntime)" >&2
+  fi
+  rm -rf "$tmp"
+fi

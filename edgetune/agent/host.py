@@ -339,16 +339,20 @@ class AgentClient:
     def _ort_library_for(self, arch: str) -> Path | None:
         """The libonnxruntime.so to give the native agent: the device option ``ort_lib`` (a library built
         for the device, e.g. from the onnxruntime wheel or Android package of its arch), else the host
-        wheel's own library when the device has the host's architecture."""
+        wheel's own library when the device has the host's architecture, else the one set-up put in
+        the virtualenv for that architecture (``tools/setup.sh``: from onnxruntime's aarch64 wheel)."""
         if self.spec.options.get("ort_lib"):
             p = Path(self.spec.options["ort_lib"]).expanduser()
             if not p.is_file():
                 raise DeviceError(f"{self.spec.name}: ort_lib {p} not found")
             return p
         import platform
+        import sys
 
         if arch != platform.machine():
-            return None
+            arch = {"arm64": "aarch64"}.get(arch, arch)
+            found = sorted((Path(sys.prefix) / "share" / "edgetune").glob(f"ort-{arch}-*/libonnxruntime.so"))
+            return found[-1] if found else None
         try:
             import onnxruntime
         except ImportError:

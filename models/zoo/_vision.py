@@ -24,7 +24,7 @@ GAIN = {
     "relu": math.sqrt(2.0),
     "relu6": math.sqrt(2.0),
     "silu": 1.6765,
-    "hswish": 1.7367,
+    "hswish": 1.5,
 }
 BN_EPS = 1e-5
 TFLITE_REASON = "no ONNX->TFLite converter in this environment (ai_edge_litert runs .tflite, it does not convert)"

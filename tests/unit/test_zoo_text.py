@@ -18,7 +18,7 @@ from models.zoo import _nn
 ort = pytest.importorskip("onnxruntime")
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-NAMES = ["vit_b16"]
+NAMES = ["vit_b16", "bert_base"]
 TOL = 1e-4
 
 

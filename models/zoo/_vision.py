@@ -23,7 +23,7 @@ GAIN = {
     None: 1.0,
     "relu": math.sqrt(2.0),
     "relu6": math.sqrt(2.0),
-    "silu": 1.6765,
+    "silu": 1.55,
     "hswish": 1.5,
 }
 BN_EPS = 1e-5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from edgetune import __version__
-from edgetune.cli import bench, db, devices, judge, kernels, report, tune, verify
+from edgetune.cli import bench, db, devices, judge, kernels, pack, report, tune, verify
 from edgetune.cli.examples import epilog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -18,6 +18,8 @@ app.command("bench", epilog=epilog("bench"))(bench.bench_cmd)
 app.command("verify", epilog=epilog("verify"))(verify.verify_cmd)
 app.command("report", epilog=epilog("report"))(report.report_cmd)
 app.add_typer(db.app, name="db")
+app.command("pack")(pack.pack_cmd)
+app.add_typer(pack.repro_app, name="repro")
 app.add_typer(devices.app, name="devices")
 
 

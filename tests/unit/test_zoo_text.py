@@ -18,7 +18,7 @@ from models.zoo import _nn
 ort = pytest.importorskip("onnxruntime")
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-NAMES = ["vit_b16", "bert_base"]
+NAMES = ["vit_b16", "bert_base", "gpt2"]
 TOL = 1e-4
 
 
@@ -110,3 +110,50 @@ def test_small_matches_float64_reference(name, batch, small_models):
         assert np.isfinite(g_).all(), v.name
         assert np.abs(r).max() > 1e-3, v.name  # not vanished
         assert rel_err(g_, r) < TOL, (v.name, rel_err(g_, r))
+
+
+def _empty_cache(m: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
+    out = {}
+    for v in m.graph.input:
+        if v.name.startswith("past_"):
+            dims = v.type.tensor_type.shape.dim
+            out[v.name] = np.zeros((batch, dims[1].dim_value, 0, dims[3].dim_value), np.float32)
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in ("gpt2", "llama") if n in NAMES])
+def test_kv_cache_decode_matches_longer_prefill(name, small_models):
+    m = small_models[name]
+    mod = zoo.entry(name).mod()
+    assert mod.DIMS["small"]["past"] == 0  # prefill runs the same graph with a zero-length past
+    dec = mod.DECODE["small"]
+    seq, batch = dec["past"], 2
+    sess = session(m)
+    out_names = [o.name for o in m.graph.output]
+    ids = np.random.default_rng(7).integers(0, 512, (batch, seq + 1), dtype=np.int64)
+
+    pre = dict(zip(out_names, sess.run(None, {"input_ids": ids[:, :seq], **_empty_cache(m, batch)})))
+    past = {k.replace("present_", "past_"): v for k, v in pre.items() if k.startswith("present_")}
+    assert all(v.shape[2] == seq for v in past.values())
+    step = dict(zip(out_names, sess.run(None, {"input_ids": ids[:, seq:], **past})))
+    assert step["logits"].shape == (batch, dec["seq"], pre["logits"].shape[-1])
+    assert all(step[k].shape[2] == seq + 1 for k in step if k.startswith("present_"))
+
+    full = dict(zip(out_names, sess.run(None, {"input_ids": ids, **_empty_cache(m, batch)})))
+    assert rel_err(step["logits"][:, -1], full["logits"][:, -1].astype(np.float64)) < TOL
+    assert rel_err(pre["logits"], full["logits"][:, :seq].astype(np.float64)) < TOL  # causal
+    for k in step:
+        if k.startswith("present_"):
+            assert rel_err(step[k], full[k].astype(np.float64)) < TOL, k
+
+
+def _count(name: str) -> int:
+    return _nn.count_params(zoo.entry(name).mod().model("full"))
+
+
+@pytest.mark.parametrize("name, expected", [("vit_b16", 86.6e6), ("bert_base", 110e6), ("gpt2", 124.4e6)])
+def test_full_parameter_count(name, expected):
+    if name not in NAMES:
+        pytest.skip("not in the zoo yet")
+    n = _count(name)
+    assert abs(n - expected) / expected < 0.05, n

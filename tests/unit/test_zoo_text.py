@@ -18,7 +18,7 @@ from models.zoo import _nn
 ort = pytest.importorskip("onnxruntime")
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-NAMES = ["vit_b16", "bert_base", "gpt2", "llama"]
+NAMES = ["vit_b16", "bert_base", "gpt2", "llama", "whisper_encoder"]
 TOL = 1e-4
 
 
@@ -151,7 +151,7 @@ def _count(name: str) -> int:
     return _nn.count_params(zoo.entry(name).mod().model("full"))
 
 
-@pytest.mark.parametrize("name, expected", [("vit_b16", 86.6e6), ("bert_base", 110e6), ("gpt2", 124.4e6)])
+@pytest.mark.parametrize("name, expected", [("vit_b16", 86.6e6), ("bert_base", 110e6), ("gpt2", 124.4e6), ("whisper_encoder", 20.6e6)])
 def test_full_parameter_count(name, expected):
     if name not in NAMES:
         pytest.skip("not in the zoo yet")

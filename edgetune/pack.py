@@ -79,17 +79,21 @@ def write_source_snapshot(dest: Path) -> dict[str, Any]:
     root = _source_root()
     commit = git_commit(root) if (root / ".git").exists() else None
     if commit:
+        st = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, timeout=60)
+        dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
         with open(dest, "wb") as f:
             res = subprocess.run(["git", "-C", str(root), "archive", "--format=tar.gz", commit], stdout=f,
                                  stderr=subprocess.PIPE, timeout=120)
         if res.returncode == 0:
-            return {"source": "git archive", "commit": commit, "sha256": sha256_file(dest)}
+            # dirty: the checkout had uncommitted changes to tracked files, which the snapshot lacks
+            return {"source": "git archive", "commit": commit, "dirty": dirty, "sha256": sha256_file(dest)}
     with tarfile.open(dest, "w:gz") as tar:
         for name in ("edgetune", "models", "tools", "pyproject.toml", "README.md", "Makefile"):
             p = root / name
             if p.exists():
                 tar.add(p, arcname=name, filter=lambda ti: None if "__pycache__" in ti.name else ti)
-    return {"source": "installed package", "commit": None, "sha256": sha256_file(dest)}
+    return {"source": "installed package", "commit": None, "dirty": None, "sha256": sha256_file(dest)}
 
 
 def bundled_generator(model_path: str, sha: str) -> dict[str, Any] | None:
@@ -312,7 +316,9 @@ ENTRYPOINT ["{SRC_DEST}/bin/edgetune-repro", "repro", "check", "{PACK_ROOT}", "-
 def _readme(m: dict, no_models: bool) -> str:
     lines = ["# edgetune reproduction package", "",
              f"Made with edgetune {m['edgetune']['version']}"
-             + (f" (commit {m['edgetune']['commit']})" if m['edgetune']['commit'] else "") + ".", "",
+             + (f" (commit {m['edgetune']['commit']})" if m['edgetune']['commit'] else "") + "."
+             + (" The checkout had uncommitted changes to tracked files; `edgetune-src.tar.gz` holds the commit "
+                "without them." if m["edgetune"]["source"].get("dirty") else ""), "",
              "## What is in it", "",
              "- `manifest.json` (schema `edgetune.pack/1`): for every run, the device it ran on (name, fingerprint "
              "and fingerprint key), the versions, the exact command, the model (name, sha256, and for a bundled "
@@ -545,7 +551,9 @@ def _shape_figures(run: dict, s: dict, label: str, now: Any, srows: list, same: 
     sel = s["selected"]
     if sel and sel in cands:
         c = cands[sel]
-        packed, pci = _stats_fig(c.get("confirm_stats") or c.get("stats"))
+        # the race rounds' statistics on both sides: same inputs (the recorded seed), an interval with
+        # rounds as the independent units (results._race_stats); confirmation statistics pool samples
+        packed, pci = _stats_fig(c.get("stats") or c.get("confirm_stats"))
         cur = now.get(sel) if now is not None else None
         meas, mci = _stats_fig(cur.stats.as_dict() if cur is not None and cur.stats else None)
         add(f"median ms of selected {c['label']} [{sel}]", "ms", packed, pci, meas, mci)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from edgetune import __version__
-from edgetune.cli import bench, db, devices, judge, kernels, pack, report, tune, verify
+from edgetune.cli import bench, db, devices, judge, kernels, pack, report, tune, verify, zoo
 from edgetune.cli.examples import epilog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -21,6 +21,7 @@ app.add_typer(db.app, name="db")
 app.command("pack")(pack.pack_cmd)
 app.add_typer(pack.repro_app, name="repro")
 app.add_typer(devices.app, name="devices")
+app.add_typer(zoo.app, name="zoo")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,138 @@
+"""edgetune zoo ls | build | check"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from edgetune.cli.common import Format, FormatOpt, console, emit_json, err_console, run_guarded
+from edgetune.text import device_text, plain
+
+app = typer.Typer(no_args_is_help=True, help="The model zoo: ten architectures people ship, built from code "
+                  "(seeded weights, no downloads), and their correctness across devices and runtimes.")
+
+
+@app.command("ls")
+def ls_cmd(fmt: Format = FormatOpt) -> None:
+    """List the zoo: architectures, families, sizes, dynamic dims, .tflite status."""
+    run_guarded(_ls, fmt)
+
+
+def _ls(fmt):
+    import models.zoo as zoo
+
+    have = set(zoo.available())
+    rows = []
+    for name, e in zoo.ZOO.items():
+        if name not in have:
+            rows.append({"name": name, "available": False})
+            continue
+        rows.append({"name": name, "available": True, "title": e.title, "family": e.family,
+                     "dims": {s: e.dims(s) for s in zoo.SIZES}, "tflite": e.tflite or "yes"})
+    if fmt == Format.json:
+        emit_json({"schema": "edgetune.zoo/1", "models": rows})
+        return
+    from rich.table import Table
+
+    t = Table("model", "architecture", "family", "small dims", "full dims", ".tflite")
+    for r in rows:
+        if not r["available"]:
+            t.add_row(r["name"], "(not in this edgetune yet)", "", "", "", "")
+            continue
+        t.add_row(r["name"], r["title"], r["family"], _dims(r["dims"]["small"]), _dims(r["dims"]["full"]),
+                  plain(r["tflite"]))
+    console.print(t)
+
+
+def _dims(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items()) or "static"
+
+
+@app.command("build")
+def build_cmd(names: List[str] = typer.Argument(None, help="zoo models (default: all)"),
+              size: str = typer.Option("small", "--size", help="small | full"),
+              out: str = typer.Option(..., "--out", "-o", help="directory for the .onnx files"),
+              fmt: Format = FormatOpt) -> None:
+    """Build zoo models (byte-reproducible: the same sha256 on every machine)."""
+    run_guarded(_build, names or [], size, out, fmt)
+
+
+def _build(names, size, out, fmt):
+    import models.zoo as zoo
+    from edgetune.errors import UserInputError
+
+    if size not in zoo.SIZES:
+        raise UserInputError(f"--size must be one of {', '.join(zoo.SIZES)}, got {size!r}")
+    names = names or zoo.available()
+    for n in names:
+        if n not in zoo.ZOO:
+            raise UserInputError(f"unknown zoo model {n!r}; known: {', '.join(zoo.ZOO)}")
+    outdir = Path(out).expanduser()
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        probe = outdir / ".edgetune-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserInputError(f"--out {outdir}: cannot write there ({exc.strerror or exc})") from None
+    done = []
+    for n in names:
+        p = zoo.build(n, size, outdir)
+        done.append({"name": n, "size": size, "path": str(p), "sha256": zoo.sha256(p)})
+        if fmt != Format.json:
+            console.print(plain(f"{p}  sha256 {done[-1]['sha256']}"), highlight=False)
+    if fmt == Format.json:
+        emit_json({"schema": "edgetune.zoo-build/1", "models": done})
+
+
+@app.command("check")
+def check_cmd(names: List[str] = typer.Argument(None, help="zoo models (default: all)"),
+              size: str = typer.Option("small", "--size", help="small | full"),
+              device: List[str] = typer.Option(["local"], "--device", "-d", help="device(s), repeatable"),
+              html_out: Optional[str] = typer.Option(None, "--html", help="also write the matrix as HTML here"),
+              timeout: float = typer.Option(300.0, "--timeout", help="seconds per cell before it is a timeout"),
+              seed: Optional[int] = typer.Option(None, "--seed", help="input seed (default: fresh; printed)"),
+              tvm: bool = typer.Option(True, "--tvm/--no-tvm", help="include TVM Relax (untuned) where the device "
+                                       "has the TVM runtime"),
+              fmt: Format = FormatOpt) -> None:
+    """Correctness matrix: every model x device x runtime family, against an independent float64 reference."""
+    run_guarded(_check, names or [], size, device, html_out, timeout, seed, tvm, fmt)
+
+
+def _check(names, size, devices, html_out, timeout, seed, tvm, fmt):
+    from edgetune.zoo import check, html_matrix, markdown
+
+    def on_event(ev):
+        if fmt == Format.json:
+            return
+        if ev["event"] == "build":
+            err_console.print(plain(f"building {ev['model']} ({ev['size']})"), highlight=False)
+        elif ev["event"] == "done":
+            c = ev["cell"]
+            err_console.print(device_text(f"  {c.model} / {c.device} / {c.runtime}: {c.status}"
+                                          + (f" ({c.reason[:100]})" if c.status not in ("pass", "n/a") else "")),
+                              highlight=False, markup=False)
+
+    doc = check(names, size, devices, timeout_s=timeout, seed=seed, tvm=tvm, progress=on_event)
+    if html_out:
+        p = Path(html_out).expanduser()
+        tmp = p.with_name(f".{p.name}.tmp")
+        try:
+            tmp.write_text(html_matrix(doc))
+            tmp.replace(p)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            from edgetune.errors import UserInputError
+
+            raise UserInputError(f"--html {p}: cannot write it ({exc.strerror or exc})") from None
+    if fmt == Format.json:
+        emit_json(doc)
+    else:
+        console.print(markdown(doc), markup=False, highlight=False)
+        console.print(plain(f"seed {doc['seed']}; " + ", ".join(f"{k} {v}" for k, v in doc["summary"].items())),
+                      highlight=False)
+    bad = {k: v for k, v in doc["summary"].items() if k not in ("pass", "n/a")}
+    if bad:
+        raise typer.Exit(1)

@@ -23,7 +23,6 @@ and no verification failed.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shlex
@@ -481,7 +480,8 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
                     wl = build_workload(model, s["shape"], user_inputs, seed=rec_seed)
                     share = time.monotonic() + max(1.0, deadline - time.monotonic()) / max(1, len(run["shapes"]))
                     tuner.tune_shape(rid, model, info, wl, cands, versions, share)
-                tuner.client and tuner.client.close()
+                if tuner.client is not None:
+                    tuner.client.close()
                 summary = summarize_run(store, rid)
                 rows = store.records(run_id=rid)
                 store.finish_run(rid, summary.as_dict())

@@ -10,7 +10,21 @@ from rich.table import Table
 
 from edgetune.cli.common import DbOpt, DeviceOpt, Format, FormatOpt, console, emit_json, run_guarded
 
-repro_app = typer.Typer(no_args_is_help=True, help="Re-run a package 'edgetune pack' wrote.")
+
+def _examples(*pairs: tuple[str, str]) -> str:  # the layout of edgetune.cli.examples.epilog
+    lines = ["Examples:"]
+    for cmd, what in pairs:
+        lines += ["", f"  # {what}", f"  {cmd}"]
+    return "\n".join(lines)
+
+
+PACK_EPILOG = _examples(
+    ("edgetune pack 3f2a9c1e0b7d4e55 -o mobilenet-repro", "package a tune run (id from 'edgetune db ls')"),
+    ("edgetune pack RUN_A RUN_B -o farm-repro --no-models", "two runs; bundled models rebuilt instead of copied"))
+CHECK_EPILOG = _examples(
+    ("edgetune repro check mobilenet-repro -d local", "re-measure and re-verify a package on this machine"),
+    ("edgetune repro check mobilenet-repro -d pi --format json --rounds 7", "on another device, for scripts"))
+repro_app = typer.Typer(no_args_is_help=True, help="Re-run a package 'edgetune pack' wrote.", epilog=CHECK_EPILOG)
 
 
 def pack_cmd(
@@ -32,7 +46,7 @@ def _pack(run_ids, out, no_models, db):
                   markup=False)
 
 
-@repro_app.command("check")
+@repro_app.command("check", epilog=CHECK_EPILOG)
 def check_cmd(
     package: Path = typer.Argument(..., help="package directory written by 'edgetune pack'"),
     device: str = DeviceOpt,

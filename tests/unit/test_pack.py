@@ -170,7 +170,7 @@ def test_package_setup_sh_reusing_a_virtualenv(tuned, tmp_path):
     assert (dest / "edgetune" / "pack.py").is_file() and (dest / "tools" / "setup.sh").is_file()
     v = subprocess.run([str(launcher), "--version"], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
     assert v.stdout.strip() == __version__
-    where = subprocess.run([str(launcher).replace("edgetune-repro", "edgetune-repro"), "repro", "check", "--help"],
+    where = subprocess.run([str(launcher), "repro", "check", "--help"],
                            capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     src = subprocess.run(["bash", "-c", f"grep -o 'PYTHONPATH=\"[^$]*' {launcher}"], capture_output=True, text=True)

@@ -3,8 +3,9 @@
 Embeddings: token + position + segment (segment 0 for every token: there is no
 ``token_type_ids`` input), each a Gather on its table, summed, LayerNorm (eps 1e-12). Post-LN
 blocks: ``x = LN(x + MHA(x, mask)); x = LN(x + W2 GELU(W1 x))``. The attention mask is additive:
-``(1 - attention_mask) * -1e9`` broadcast as [batch, 1, 1, seq]. No pooler (the output is the
-encoder's ``last_hidden_state``).
+``Where(attention_mask != 0, 0, -1e9)`` broadcast as [batch, 1, 1, seq] — the same as HF's
+``(1 - mask) * min`` for 0/1 masks, and any nonzero id counts as "attend" (so seeded integer
+inputs stay a valid mask). No pooler (the output is the encoder's ``last_hidden_state``).
 
 Inputs ``input_ids`` int64 [batch, seq], ``attention_mask`` int64 [batch, seq] (1 = attend);
 output ``last_hidden_state`` float32 [batch, seq, d]. seq <= max positions (512 full, 64 small).
@@ -48,9 +49,9 @@ def model(size: str) -> onnx.ModelProto:
     x = g.op("Add", [x, g.op("Gather", [wtt, g.c64(0)], axis=0)])
     x = g.layernorm(x, "embeddings.ln", d, EPS)
 
-    m = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)
-    m = g.op("Mul", [g.op("Sub", [g.c(1.0), m]), g.c(NEG)])
-    bias = g.op("Unsqueeze", [m, g.c64([1, 2])])  # [B, 1, 1, S]
+    keep = g.op("Cast", ["attention_mask"], to=TensorProto.BOOL)  # nonzero = attend
+    bias = g.op("Where", [keep, g.c(0.0), g.c(NEG)])
+    bias = g.op("Unsqueeze", [bias, g.c64([1, 2])])  # [B, 1, 1, S]
 
     for i in range(cfg["layers"]):
         a = g.mha(x, f"layers.{i}.attn", d, heads, bias=bias)

@@ -176,3 +176,21 @@ def test_llama_gqa_cache_and_parameter_count(small_models):
     # ... and at full size it is TinyLlama's 1.1B (not built here: 4.4 GB of float32)
     assert abs(llama.param_count("full") - 1.1e9) / 1.1e9 < 0.05
     assert llama.CONFIGS["full"]["heads"] // llama.CONFIGS["full"]["kv_heads"] == 8
+
+
+def test_bert_mask_nonzero_means_attend(small_models):
+    m = small_models["bert_base"]
+    sess = session(m)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 512, (2, 8), dtype=np.int64)
+    mask = rng.integers(0, 16, (2, 8), dtype=np.int64)
+    mask[:, 0] = 5
+    assert (mask == 0).any()
+    a = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    b = sess.run(None, {"input_ids": ids, "attention_mask": (mask != 0).astype(np.int64)})[0]
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    # masked keys do not matter: change the ids under the mask, unmasked positions keep their output
+    ids2 = np.where(mask == 0, (ids + 1) % 512, ids)
+    c = sess.run(None, {"input_ids": ids2, "attention_mask": mask})[0]
+    keep = mask != 0
+    np.testing.assert_allclose(a[keep], c[keep], rtol=1e-5, atol=1e-5)

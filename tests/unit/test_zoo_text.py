@@ -5,7 +5,6 @@ parameter counts at the published sizes."""
 from __future__ import annotations
 
 import copy
-import importlib
 
 import numpy as np
 import onnx

@@ -28,6 +28,19 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
          "100 agent-written kernels on two devices: leaderboard + evidence"),
         ("edgetune judge --op softmax:M=128,N=1000 k.cpp -f json", "one entry per kernel per device, for scripts"),
     ],
+    "zoo": [
+        ("edgetune zoo ls", "the ten architectures, their sizes and dynamic dims"),
+        ("edgetune zoo check --size small -d local -d board -d phone --html zoo.html", "the correctness matrix"),
+    ],
+    "zoo ls": [("edgetune zoo ls", "the ten architectures"), ("edgetune zoo ls -f json", "for scripts")],
+    "zoo build": [
+        ("edgetune zoo build resnet50 --size full -o models/", "ResNet-50 at its published size (sha256 printed)"),
+        ("edgetune zoo build -o zoo-small/", "every model, small size"),
+    ],
+    "zoo check": [
+        ("edgetune zoo check --size small", "every model on this machine, every runtime here"),
+        ("edgetune zoo check bert_base gpt2 -d pi -d phone -f json", "two models on two devices, for scripts"),
+    ],
     "bench": [
         ("edgetune bench mobilenet --config 4063fa7a", "re-measure a stored configuration vs the default"),
         ("edgetune bench model.onnx -c 4063fa7a --rounds 7 --budget 30 -f json", "more rounds, for scripts"),

@@ -8,13 +8,14 @@ from typing import List, Optional
 import typer
 
 from edgetune.cli.common import Format, FormatOpt, console, emit_json, err_console, run_guarded
+from edgetune.cli.examples import epilog
 from edgetune.text import device_text, plain
 
-app = typer.Typer(no_args_is_help=True, help="The model zoo: ten architectures people ship, built from code "
+app = typer.Typer(no_args_is_help=True, epilog=epilog("zoo"), help="The model zoo: ten architectures people ship, built from code "
                   "(seeded weights, no downloads), and their correctness across devices and runtimes.")
 
 
-@app.command("ls")
+@app.command("ls", epilog=epilog("zoo ls"))
 def ls_cmd(fmt: Format = FormatOpt) -> None:
     """List the zoo: architectures, families, sizes, dynamic dims, .tflite status."""
     run_guarded(_ls, fmt)
@@ -50,7 +51,7 @@ def _dims(d: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in d.items()) or "static"
 
 
-@app.command("build")
+@app.command("build", epilog=epilog("zoo build"))
 def build_cmd(names: List[str] = typer.Argument(None, help="zoo models (default: all)"),
               size: str = typer.Option("small", "--size", help="small | full"),
               out: str = typer.Option(..., "--out", "-o", help="directory for the .onnx files"),
@@ -87,7 +88,7 @@ def _build(names, size, out, fmt):
         emit_json({"schema": "edgetune.zoo-build/1", "models": done})
 
 
-@app.command("check")
+@app.command("check", epilog=epilog("zoo check"))
 def check_cmd(names: List[str] = typer.Argument(None, help="zoo models (default: all)"),
               size: str = typer.Option("small", "--size", help="small | full"),
               device: List[str] = typer.Option(["local"], "--device", "-d", help="device(s), repeatable"),

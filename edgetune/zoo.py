@@ -125,7 +125,7 @@ def _runtimes(info, m, entry) -> list[tuple[str, Candidate | None, str]]:
 
 
 def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=None, timeout_s: float = 300.0,
-          budget_ms: float = 20.0, seed: int | None = None, tvm: bool = True,
+          budget_ms: float = 20.0, seed: int | None = None, tvm: bool | Sequence[str] = True,
           progress: Event | None = None) -> dict[str, Any]:
     """The matrix as a JSON document (schema ``edgetune.zoo-check/1``)."""
     import models.zoo as zoo
@@ -172,7 +172,8 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
                 wl._references = [[r.astype(o.dtype) for r, o in zip(rs, m.outputs)] for rs in refs64]  # noqa: SLF001
                 wl.reference_for = ref  # replayed fresh inputs of checked timed iterations: float64 too
                 for column, cand, why in _runtimes(info, m, entry):
-                    if cand is not None and cand.backend == "tvm-relax" and not tvm:
+                    if cand is not None and cand.backend == "tvm-relax" and (
+                            not tvm or (not isinstance(tvm, bool) and n not in tvm)):
                         cand, why = None, "not asked for (--no-tvm)"
                     emit({"event": "cell", "model": n, "device": spec.name, "runtime": column})
                     cell = _cell(tuner, info, wl, refs64, n, size, spec.name, column, cand, why, budget_ms)

@@ -31,7 +31,8 @@ def test_zoo_check_small_on_three_farm_devices(qemu_board, adb_farm, tmp_path):
             workdir=f"{b['home']}/edgetune-zoo")
     inv.add("phone", f"adb://{adb_farm.phone.serial}@{adb_farm.adb_host}:{adb_farm.adb_port}",
             workdir="/data/local/tmp/edgetune-zoo")
-    doc = check([], "small", ["host", "board", "phone"], inventory=inv, budget_ms=5.0, tvm=True)
+    # TVM on two models only (a pass and the importer's failure): its builds dominate the run's time
+    doc = check([], "small", ["host", "board", "phone"], inventory=inv, budget_ms=5.0, tvm=["resnet50", "bert_base"])
     print(markdown(doc))
     cells = doc["cells"]
     assert {c["status"] for c in cells} <= MODES
@@ -45,6 +46,8 @@ def test_zoo_check_small_on_three_farm_devices(qemu_board, adb_farm, tmp_path):
         assert all(c["max_rel_err"] is not None and c["max_rel_err"] < 1e-3 for c in ort.values())
     # every n/a says why; every failure says what failed
     assert all(c["reason"] for c in cells if c["status"] != "pass")
+    tvm = {c["model"]: c["status"] for c in cells if c["device"] == "host" and c["runtime"].startswith("TVM")}
+    assert tvm["resnet50"] == "pass" and tvm["bert_base"] == "build-failed" and tvm["gpt2"] == "n/a"
     # the board is emulated and reports the aarch64 onnxruntime it ran
     board = next(d for d in doc["devices"] if d["device"] == "board")
     assert board["arch"] == "aarch64" and board["emulated"]

@@ -20,9 +20,68 @@ def bench_cmd(
     budget: float = typer.Option(20.0, "--budget", help="seconds"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
+    loadgen: Optional[str] = typer.Option(
+        None, "--loadgen", help="run the configuration under MLPerf LoadGen instead: singlestream | offline "
+                                "(local device only; --config default for onnxruntime's default; "
+                                "needs the 'mlperf' extra)"),
+    loadgen_queries: Optional[int] = typer.Option(
+        None, "--loadgen-queries", min=1, help="LoadGen minimum query count (SingleStream) or samples (Offline); "
+                                               "below MLPerf's 1024 / 24576 the run is labelled shortened"),
+    loadgen_seconds: Optional[float] = typer.Option(
+        None, "--loadgen-seconds", help="LoadGen minimum duration; below MLPerf's 600 s the run is labelled shortened"),
+    loadgen_samples: int = typer.Option(64, "--loadgen-samples", min=1,
+                                        help="seeded input samples in LoadGen's query sample library"),
 ) -> None:
-    """Measure one configuration against the runtime default now, interleaved, with 95% CIs."""
+    """Measure one configuration against the runtime default now, interleaved, with 95% CIs.
+
+    With --loadgen: run it under MLPerf LoadGen on this machine (SingleStream: p90 latency; Offline:
+    samples per second), outputs of a random subset of queries checked after the run."""
+    if loadgen is not None:
+        run_guarded(_loadgen, model, config, device, dim, db, fmt, loadgen, loadgen_queries, loadgen_seconds,
+                    loadgen_samples)
+        return
     run_guarded(_bench, model, config, device, dim, rounds, budget, db, fmt, reproducing_command(ctx))
+
+
+def _loadgen(model, config, device, dims, db, fmt, scenario, queries, seconds, samples):
+    from rich.table import Table
+
+    from edgetune.loadgen import run_loadgen
+
+    doc = run_loadgen(model, config, scenario, device, dims=dims, db=db, queries=queries, seconds=seconds,
+                      samples=samples)
+    if fmt == Format.json:
+        emit_json(doc)
+    else:
+        t = Table(title=f"MLPerf LoadGen {doc['scenario']}: {doc['config']} ({doc['candidate']['key']}) on "
+                        f"{doc['device']}, {doc['shape']}")
+        t.add_column("field")
+        t.add_column("value")
+        fig = doc.get("figures") or {}
+        if not doc["ok"]:
+            t.add_row("result", f"FAILED ({doc['code']}): {doc['reason']}")
+        elif doc["scenario"] == "SingleStream":
+            t.add_row("p90 latency", _ms(fig.get("p90_latency_ms")))
+            t.add_row("mean latency", _ms(fig.get("mean_latency_ms")))
+            t.add_row("queries / duration", f"{fig.get('queries')} in {fig.get('duration_s', 0):.1f} s")
+        else:
+            sps = fig.get("samples_per_second")
+            t.add_row("samples per second", f"{sps:.1f}" if sps is not None else "?")
+            t.add_row("samples / duration", f"{fig.get('samples')} in {fig.get('duration_s', 0):.1f} s")
+        if "checked" in doc:
+            c = doc["checked"]
+            t.add_row("outputs checked", f"{c['queries']} random queries of {c['of']}, chosen after the run "
+                                         f"(max error {c['max_rel_err']:.2g} of RMS)")
+            t.add_row("edgetune", doc["verdict"]["edgetune"])
+            t.add_row("LoadGen", f"Result is : {doc['verdict']['loadgen']}")
+            t.add_row("run", doc["label"])
+        console.print(t)
+    if not doc["ok"]:
+        raise typer.Exit(1)
+
+
+def _ms(v) -> str:
+    return f"{v:.3f} ms" if isinstance(v, (int, float)) else "?"
 
 
 def _bench(model, config, device, dims, rounds, budget, db, fmt, command=""):

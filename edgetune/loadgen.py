@@ -76,6 +76,25 @@ def parse_summary(text: str) -> dict[str, Any]:
     return out
 
 
+def parse_detail(text: str) -> dict[str, Any]:
+    """The ``result_*``, ``generated_*``, ``effective_*`` and ``num_errors`` entries of
+    mlperf_log_detail.txt (``:::MLLOG {json}`` lines), first occurrence of each."""
+    import json
+
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.startswith(":::MLLOG "):
+            continue
+        try:
+            entry = json.loads(line[len(":::MLLOG "):])
+        except ValueError:
+            continue
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if isinstance(key, str) and (key.startswith(("result_", "generated_", "effective_")) or key == "num_errors"):
+            out.setdefault(key, entry.get("value"))
+    return out
+
+
 def _num(v: Any) -> float | None:
     try:
         return float(v)
@@ -105,7 +124,7 @@ class _Reservoir:
 
 def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local", *, dims: Sequence[str] = (),
                 db: str | None = None, queries: int | None = None, seconds: float | None = None,
-                samples: int = 64, check: int = 16, seed: int = 0, inventory=None,
+                samples: int = 64, check: int = 16, seed: int | None = None, inventory=None,
                 output_hook: OutputHook | None = None) -> dict[str, Any]:
     """Run one stored onnxruntime configuration (or ``config_key='default'``: onnxruntime's default
     SessionOptions) under LoadGen in ``scenario`` (singlestream | offline); the ``edgetune.loadgen/1``
@@ -147,6 +166,12 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     points = shape_points(m, parse_dims(dims, m), {})
     if len(points) != 1:
         raise UserInputError("--loadgen runs one shape: bind every dynamic dimension with --dim")
+    # inputs from a fresh seed (recorded; pass it to replay): never data the configuration was tuned on
+    seed_source = "given" if seed is not None else "fresh"
+    if seed is None:
+        from edgetune.api import fresh_seed
+
+        seed = fresh_seed({0})
     wl = build_workload(m, points[0], n_seeded=samples, seed=seed)
     qsl_sets = wl.input_sets
     ref0 = compute_reference(m, qsl_sets[0])
@@ -229,7 +254,11 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
         wall = time.monotonic() - wall0
         summary_path = Path(tmp) / "mlperf_log_summary.txt"
         summary_text = summary_path.read_text(errors="replace") if summary_path.exists() else ""
+        detail_path = Path(tmp) / "mlperf_log_detail.txt"
+        detail = parse_detail(detail_path.read_text(errors="replace")) if detail_path.exists() else {}
     summary = parse_summary(summary_text)
+    if not summary_text:
+        raise UserInputError("LoadGen wrote no mlperf_log_summary.txt: no result to read")
 
     # check the reservoir's outputs against the reference, after the test
     errors = _Errors()
@@ -249,12 +278,13 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
                code="ok" if failure is None else failure.code, reason="" if failure is None else failure.reason)
     lg_valid = summary.get("Result is")
     doc.update({
+        "seed_source": seed_source,
         "shortened": shortened,
         "label": SHORTENED if shortened else "full length (MLPerf's minimum query count and duration)",
         "loadgen": {"result": lg_valid, "min_duration_satisfied": summary.get("Min duration satisfied"),
                     "min_queries_satisfied": summary.get("Min queries satisfied"),
-                    "early_stopping_satisfied": summary.get("Early stopping satisfied"),
-                    "summary": summary},
+                    "early_stopping_met": detail.get("early_stopping_met"),
+                    "num_errors": detail.get("num_errors"), "summary": summary, "detail": detail},
         "settings": {"min_query_count": min_q, "min_duration_s": min_s,
                      "expected_latency_ms": est_s * 1e3, "samples": len(qsl_sets)},
         "completed_queries": completed[0],
@@ -265,15 +295,22 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     figures: dict[str, Any] = {}
     if failure is None:
         if scenario == "singlestream":
-            p90 = _num(summary.get("90th percentile latency (ns)")
-                       or summary.get("90.00 percentile latency (ns)"))
+            p90 = _num(summary.get("90.00 percentile latency (ns)") or summary.get("90.0th percentile latency (ns)"))
+            n = _num(detail.get("result_query_count")) or completed[0]
+            qps = _num(summary.get("QPS w/ loadgen overhead"))
             figures = {"p90_latency_ms": p90 / 1e6 if p90 is not None else None,
                        "mean_latency_ms": (_num(summary.get("Mean latency (ns)")) or math.nan) / 1e6,
-                       "queries": completed[0], "duration_s": _duration(summary_text, wall)}
+                       "queries": int(n), "duration_s": n / qps if qps else wall}
         else:
+            dur = _num(detail.get("result_max_latency_ns"))  # the one Offline query: issue to last completion
             figures = {"samples_per_second": _num(summary.get("Samples per second")),
-                       "samples": completed[0], "duration_s": _duration(summary_text, wall)}
+                       "samples": int(_num(detail.get("generated_samples_per_query")) or completed[0]),
+                       "duration_s": dur / 1e9 if dur else wall}
     doc["figures"] = figures
+    doc["mlperf_valid"] = bool(failure is None and not shortened and lg_valid == "VALID")
+    if not shortened:
+        doc["label"] = ("meets MLPerf's run rules for the scenario (minimum queries and duration; LoadGen: VALID)"
+                        if lg_valid == "VALID" else f"full length, but LoadGen says {lg_valid}")
     ours = "PASS" if failure is None else "FAILED"
     doc["verdict"] = {"edgetune": ours if not shortened or failure is not None else f"{ours} ({SHORTENED})",
                       "loadgen": lg_valid}
@@ -302,13 +339,8 @@ def _official_settings(lg):
     return settings
 
 
-def _duration(summary_text: str, wall: float) -> float:
-    # LoadGen's summary states no duration in SingleStream/Offline; the test's wall clock is ours
-    return wall
-
-
 def _doc(m, wl, cand, scenario, queries, seconds, samples, device, *, ok: bool, code: str, reason: str) -> dict:
     return {"schema": SCHEMA, "model": str(m.path), "model_sha256": m.sha256, "shape": wl.shape_label,
             "device": device, "scenario": SCENARIOS[scenario], "candidate": cand.as_dict(), "config": cand.label(),
             "ok": ok, "code": code, "reason": reason,
-            "requested": {"queries": queries, "seconds": seconds, "samples": samples}}
+            "seed": wl.seed, "requested": {"queries": queries, "seconds": seconds, "samples": samples}}

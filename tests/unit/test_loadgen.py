@@ -65,7 +65,8 @@ def test_singlestream_stored_candidate_json(transformer, tuned, tmp_path):
     doc = json.loads(p.stdout)
     assert doc["schema"] == "edgetune.loadgen/1" and doc["scenario"] == "SingleStream"
     assert doc["candidate"]["key"] == key and doc["candidate"]["params"] == cand["params"]
-    assert doc["ok"] and doc["shortened"] and doc["label"] == SHORTENED
+    assert doc["ok"] and doc["shortened"] and doc["label"] == SHORTENED and doc["mlperf_valid"] is False
+    assert doc["seed_source"] == "fresh" and doc["seed"] != 0  # never the tune's inputs
     assert SHORTENED in doc["verdict"]["edgetune"]
     assert doc["verdict"]["loadgen"] in ("VALID", "INVALID") and doc["loadgen"]["result"] == doc["verdict"]["loadgen"]
     f = doc["figures"]

@@ -234,7 +234,7 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     else:
         # LoadGen issues expected_qps x duration samples: an estimate above the true rate only makes
         # the run longer, one below it ends it before the minimum duration (INVALID)
-        settings.offline_expected_qps = 1.5 / est_s
+        settings.offline_expected_qps = 2.0 / est_s
     shortened = min_q < MIN_QUERIES[scenario] or min_s < MIN_SECONDS
 
     sut = lg.ConstructSUT(issue_queries, flush_queries)

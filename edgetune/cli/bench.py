@@ -73,7 +73,11 @@ def _loadgen(model, config, device, dims, db, fmt, scenario, queries, seconds, s
             t.add_row("outputs checked", f"{c['queries']} random queries of {c['of']}, chosen after the run "
                                          f"(max error {c['max_rel_err']:.2g} of RMS)")
             t.add_row("edgetune", doc["verdict"]["edgetune"])
-            t.add_row("LoadGen", f"Result is : {doc['verdict']['loadgen']}")
+            lgd = doc["loadgen"]
+            unmet = [what for what, key in (("min duration", "min_duration_satisfied"),
+                                            ("min queries", "min_queries_satisfied")) if lgd.get(key) == "NO"]
+            t.add_row("LoadGen", f"Result is : {doc['verdict']['loadgen']}"
+                                 + (f" ({', '.join(unmet)} not met)" if unmet else ""))
             t.add_row("run", doc["label"])
         console.print(t)
     if not doc["ok"]:

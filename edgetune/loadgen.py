@@ -181,8 +181,10 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     try:
         backend = OrtBackend(str(m.path), cand.param_dict, wl.input_names, out_specs)
     except Exception as exc:  # a session the candidate's options cannot build: the candidate failed
-        return _doc(m, wl, cand, scenario, queries, seconds, samples, spec.name, ok=False, code="build-failed",
-                    reason=f"session failed: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else exc}")
+        doc = _doc(m, wl, cand, scenario, queries, seconds, samples, spec.name, ok=False, code="build-failed",
+                   reason=f"session failed: {_first_line(exc)}")
+        doc.update({"figures": {}, "mlperf_valid": False, "verdict": {"edgetune": "FAILED", "loadgen": None}})
+        return doc
 
     def infer(index: int) -> list:
         backend.poison()
@@ -194,18 +196,30 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     t0 = time.perf_counter()
     warm = 0
     while warm < 3 or (time.perf_counter() - t0 < 0.2 and warm < 50):
-        infer(warm % len(qsl_sets))
+        try:
+            infer(warm % len(qsl_sets))
+        except Exception as exc:
+            doc = _doc(m, wl, cand, scenario, queries, seconds, samples, spec.name, ok=False, code="run-failed",
+                       reason=f"warm-up run failed: {_first_line(exc)}")
+            doc.update({"figures": {}, "mlperf_valid": False, "verdict": {"edgetune": "FAILED", "loadgen": None}})
+            return doc
         warm += 1
     est_s = max((time.perf_counter() - t0) / warm, 1e-6)
 
     reservoir = _Reservoir(check)
     completed = [0]
+    run_errors: list[str] = []
 
     def issue_queries(query_samples) -> None:
+        # called on LoadGen's thread: nothing may raise here, and every query must be completed
         responses = []
         for q in query_samples:
-            outs = infer(q.index)
-            reservoir.offer((q.index, outs))
+            try:
+                outs = infer(q.index)
+                reservoir.offer((q.index, outs))
+            except Exception as exc:  # a failed run fails the configuration; LoadGen still finishes
+                if not run_errors:
+                    run_errors.append(f"query sample {q.index}: run failed: {_first_line(exc)}")
             completed[0] += 1
             if scenario == "singlestream":
                 lg.QuerySamplesComplete([lg.QuerySampleResponse(q.id, 0, 0)])
@@ -271,6 +285,8 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
         except _Fail as f:
             failure = f
             break
+    if failure is None and run_errors:
+        failure = _Fail("run-failed", run_errors[0])
     checked = len(reservoir.items)
     if checked == 0 and failure is None:
         failure = _Fail("no-output", "LoadGen completed no query: nothing to check")
@@ -337,6 +353,11 @@ def _official_settings(lg):
     for k, v in _SEEDS.items():
         setattr(settings, k, v)
     return settings
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _doc(m, wl, cand, scenario, queries, seconds, samples, device, *, ok: bool, code: str, reason: str) -> dict:

@@ -115,3 +115,23 @@ def test_missing_loadgen_names_the_extra(transformer, tmp_path):
     p = run(["bench", str(transformer), "--config", "default", "--loadgen", "offline"], tmp_path / "home",
             env_extra={"PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])})
     one_line_error(p, "pip install 'edgetune[mlperf]'")
+
+
+def test_a_run_that_raises_fails_the_configuration_and_loadgen_still_finishes(transformer):
+    def always(index, outs):
+        raise RuntimeError("boom")
+
+    doc = run_loadgen(str(transformer), "default", "singlestream", queries=16, seconds=0.2, output_hook=always)
+    assert not doc["ok"] and doc["code"] == "run-failed" and "boom" in doc["reason"] and doc["figures"] == {}
+
+    calls = [0]
+
+    def later(index, outs):  # the warm-up (at most 50 runs) passes; queries on LoadGen's thread raise
+        calls[0] += 1
+        if calls[0] > 50:
+            raise RuntimeError("boom on LoadGen's thread")
+        return outs
+
+    doc = run_loadgen(str(transformer), "default", "singlestream", queries=16, seconds=1, output_hook=later)
+    assert not doc["ok"] and doc["code"] == "run-failed" and "LoadGen's thread" in doc["reason"]
+    assert doc["figures"] == {} and doc["completed_queries"] >= 16 and doc["verdict"]["loadgen"]

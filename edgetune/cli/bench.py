@@ -13,7 +13,9 @@ from edgetune.cli.common import (DbOpt, DeviceOpt, DimOpt, Format, FormatOpt, co
 def bench_cmd(
     ctx: typer.Context,
     model: str = typer.Argument(..., help="model file or bundled model name"),
-    config: str = typer.Option(..., "--config", "-c", help="candidate key (from a report or 'edgetune db ls')"),
+    config: str = typer.Option(..., "--config", "-c",
+                               help="candidate key (from a report or 'edgetune db ls'); with --loadgen also "
+                                    "'default' (onnxruntime's default session options)"),
     device: str = DeviceOpt,
     dim: List[str] = DimOpt,
     rounds: int = typer.Option(5, "--rounds", min=1),
@@ -40,7 +42,16 @@ def bench_cmd(
         run_guarded(_loadgen, model, config, device, dim, db, fmt, loadgen, loadgen_queries, loadgen_seconds,
                     loadgen_samples)
         return
+    if loadgen_queries is not None or loadgen_seconds is not None:
+        from edgetune.errors import UserInputError
+
+        run_guarded(_raise, UserInputError("--loadgen-queries and --loadgen-seconds need "
+                                           "--loadgen singlestream|offline"))
     run_guarded(_bench, model, config, device, dim, rounds, budget, db, fmt, reproducing_command(ctx))
+
+
+def _raise(exc):
+    raise exc
 
 
 def _loadgen(model, config, device, dims, db, fmt, scenario, queries, seconds, samples):

@@ -37,6 +37,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("edgetune zoo build resnet50 --size full -o models/", "ResNet-50 at its published size (sha256 printed)"),
         ("edgetune zoo build -o zoo-small/", "every model, small size"),
     ],
+    "zoo bench": [
+        ("edgetune zoo bench --size small --budget 20", "every model, its shape points, vs the strongest baseline"),
+        ("edgetune zoo bench resnet50 gpt2 --size full -d pi -f json", "two models at full size on a board"),
+    ],
     "zoo check": [
         ("edgetune zoo check --size small", "every model on this machine, every runtime here"),
         ("edgetune zoo check bert_base gpt2 -d pi -d phone -f json", "two models on two devices, for scripts"),

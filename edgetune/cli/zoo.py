@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from edgetune.cli.common import Format, FormatOpt, console, emit_json, err_console, run_guarded
+from edgetune.cli.common import DbOpt, Format, FormatOpt, console, emit_json, err_console, run_guarded
 from edgetune.cli.examples import epilog
 from edgetune.text import device_text, plain
 
@@ -137,3 +137,55 @@ def _check(names, size, devices, html_out, timeout, seed, tvm, fmt):
     bad = {k: v for k, v in doc["summary"].items() if k not in ("pass", "n/a")}
     if bad:
         raise typer.Exit(1)
+
+
+@app.command("bench", epilog=epilog("zoo bench"))
+def bench_cmd(ctx: typer.Context,
+              names: List[str] = typer.Argument(None, help="zoo models (default: all)"),
+              size: str = typer.Option("small", "--size", help="small | full"),
+              device: List[str] = typer.Option(["local"], "--device", "-d", help="device(s), repeatable"),
+              budget: float = typer.Option(60.0, "--budget", help="seconds of tuning per model per device "
+                                           "(all its shape points together)"),
+              space: str = typer.Option("ort,tflite,tvm-relax", "--space", help="candidate spaces, as for tune"),
+              rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved race rounds for the finalists"),
+              finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),
+              max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1,
+                                                           help="cap per space (quick runs)"),
+              db: Optional[str] = DbOpt,
+              fmt: Format = FormatOpt) -> None:
+    """Speed across shapes: tune each zoo model over its family's shape points; the selected config
+    against the onnxruntime default and the strongest baseline, 95% intervals from the tune's
+    confirmation rounds. Every run is an ordinary tune run in the database."""
+    from edgetune.cli.common import reproducing_command
+
+    run_guarded(_bench, names or [], size, device, budget, space, rounds, finalists, max_candidates, db, fmt,
+                reproducing_command(ctx))
+
+
+def _bench(names, size, devices, budget, space, rounds, finalists, max_candidates, db, fmt, command):
+    from edgetune.zoo_bench import bench, markdown
+
+    def on_event(ev):
+        if fmt == Format.json:
+            return
+        if ev["event"] == "model":
+            err_console.print(plain(f"{ev['model']}: tuning at {', '.join(ev['points'])}"), highlight=False)
+        elif ev["event"] == "done":
+            err_console.print(device_text(f"{ev['model']}: {ev['wall_s']:.1f} s; "
+                                          + ", ".join(f"{r['device']} run {r['run_id']} {r['status']}"
+                                                      for r in ev["runs"])), highlight=False, markup=False)
+        elif ev["event"] in ("retry", "down"):
+            err_console.print(device_text(f"{ev.get('device', '')}: {ev['event']}: {ev.get('error')}"),
+                              highlight=False, markup=False)
+
+    spaces = tuple(s.strip() for s in space.split(",") if s.strip())
+    doc = bench(names, size, devices, budget_s=budget, spaces=spaces, db=db, rounds=rounds, finalists=finalists,
+                max_candidates=max_candidates, command=command, progress=on_event)
+    if fmt == Format.json:
+        emit_json(doc)
+    else:
+        console.print(markdown(doc), markup=False, highlight=False)
+        console.print(plain(f"{len(doc['models'])} models, size {doc['size']}, budget {doc['budget_s_per_model']:g} s "
+                            f"per model per device; total wall time {doc['wall_s']:.1f} s"), highlight=False)
+    if any(r["status"] != "complete" for m in doc["models"] for r in m["runs"]):
+        raise typer.Exit(3)

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from edgetune.errors import StoreError, UserInputError
+from edgetune.errors import UserInputError
 
 SCHEMA = "edgetune.zoo-bench/1"
 VISION = ("vision", "detection", "segmentation")
@@ -224,8 +224,6 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
                                "sha256": zoo.sha256(path), "points": pts, "runs": runs, "shapes": rows,
                                "wall_s": round(wall, 2)})
             emit({"event": "done", "model": n, "wall_s": wall, "runs": runs})
-    except StoreError:
-        raise
     finally:
         store.close()
     return {"schema": SCHEMA, "size": size, "devices": [s.name for s in specs], "budget_s_per_model": budget_s,

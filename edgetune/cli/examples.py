@@ -48,6 +48,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "bench": [
         ("edgetune bench mobilenet --config 4063fa7a", "re-measure a stored configuration vs the default"),
         ("edgetune bench model.onnx -c 4063fa7a --rounds 7 --budget 30 -f json", "more rounds, for scripts"),
+        ("edgetune bench mobilenet -c 4063fa7a --loadgen singlestream", "under MLPerf LoadGen (p90 latency; docs/mlperf.md)"),
     ],
     "verify": [
         ("edgetune verify mobilenet --config 4063fa7a", "on a fresh random seed (printed)"),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import re
 import secrets
 import tempfile
 import time

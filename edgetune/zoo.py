@@ -132,7 +132,6 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
     from edgetune.db import Store
     from edgetune.devices.inventory import Inventory, home_subdir
     from edgetune.tune import DeviceTuner, TuneConfig
-    from edgetune.workload import build_workload, load_model
 
     emit = progress or (lambda ev: None)
     if size not in zoo.SIZES:
@@ -154,6 +153,7 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
         built[n] = zoo.build(n, size, model_dir)
     cells: list[Cell] = []
     devices_doc = []
+    prepared: dict[str, tuple] = {}
     for spec in specs:
         tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed, timeout_s=timeout_s))
         try:
@@ -164,13 +164,8 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
                                                                         if isinstance(v, str) or v is None}})
             for n in names:
                 entry = zoo.entry(n)
-                m = load_model(built[n])
-                wl = build_workload(m, entry.dims(size), seed=seed)
-                ref = Float64Reference(built[n])
-                refs64 = [ref(s) for s in wl.input_sets]
-                # the job's output specs come from these (the model's own dtypes); verification uses refs64
-                wl._references = [[r.astype(o.dtype) for r, o in zip(rs, m.outputs)] for rs in refs64]  # noqa: SLF001
-                wl.reference_for = ref  # replayed fresh inputs of checked timed iterations: float64 too
+                m, wl, ref, refs64 = prepared[n] if n in prepared else _prepare(built[n], entry, size, seed)
+                prepared[n] = (m, wl, ref, refs64)  # the same inputs and references on every device
                 for column, cand, why in _runtimes(info, m, entry):
                     if cand is not None and cand.backend == "tvm-relax" and (
                             not tvm or (not isinstance(tvm, bool) and n not in tvm)):
@@ -189,6 +184,20 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
         "reference": "onnx.reference on a float64 copy of the model (independent of every runtime checked)"}
     doc["summary"] = summary(cells)
     return doc
+
+
+def _prepare(path: Path, entry, size: str, seed: int):
+    """(model, workload, float64 reference, the input sets' float64 references) of one zoo model."""
+    from edgetune.workload import build_workload, load_model
+
+    m = load_model(path)
+    wl = build_workload(m, entry.dims(size), seed=seed)
+    ref = Float64Reference(path)
+    refs64 = [ref(s) for s in wl.input_sets]
+    # the job's output specs come from these (the model's own dtypes); verification uses refs64
+    wl._references = [[r.astype(o.dtype) for r, o in zip(rs, m.outputs)] for rs in refs64]  # noqa: SLF001
+    wl.reference_for = ref  # replayed fresh inputs of checked timed iterations: float64 too
+    return m, wl, ref, refs64
 
 
 def _cell(tuner, info, wl, refs, name, size, device, column, cand, why, budget_ms) -> Cell:

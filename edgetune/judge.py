@@ -273,8 +273,8 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
     from edgetune.db import Store
     from edgetune.kernels.device_measure import DeviceMeasure
     from edgetune.kernels.session import (BaselineDevice, Entrant, _baseline_device, _close_python_agent,
-                                          _run_form, baseline_forms, final_rounds, final_weights, round_median,
-                                          strongest_baseline)
+                                          _run_form, baseline_forms, final_rounds, final_weights, record_form,
+                                          round_median, strongest_baseline)
     from edgetune.measure import round_ratio
 
     store = Store(cfg.db)
@@ -406,14 +406,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                                  samples_ns=run.samples_ns, wall_ms=jr.wall_ms if jr else wall_ms,
                                  agent_ms=jr.agent_ms if jr else wall_ms)
                 return
-            form = who.form
-            store.add_record(**common, candidate=form.candidate.as_dict(),
-                             versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
-                             round=rnd, status="verified" if ok else "failed", reason=reason,
-                             verdict={**verdict, "load_ms": jr.load_ms if jr else None, "form": form.key,
-                                      "label": form.label},
-                             samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
-                             agent_ms=jr.agent_ms if jr else 0.0)
+            record_form(store, common, versions, who.form, rnd, ok, reason, verdict, jr)
 
         forms: list = []
         skipped: list = []
@@ -594,23 +587,15 @@ def _prepare_report_dir(path: str) -> tuple[Path, bool]:
     return p, made
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _write_report(report: Path, doc: dict[str, Any], kernels: Sequence[KernelFile], cfg: JudgeConfig) -> None:
+    from edgetune.report import write_atomic
+
     kdir = report / "kernels"
     kdir.mkdir(exist_ok=True)
     for k in kernels:
         dest = kdir / k.name.replace("/", "__")
         if not dest.exists() or hashlib.sha256(dest.read_bytes()).hexdigest() != k.sha256:
-            _atomic_write(dest, k.path.read_bytes())
+            write_atomic(dest, k.path.read_bytes())
     bdir = report / "built"
     bdir.mkdir(exist_ok=True)
     for r in doc["results"]:
@@ -619,9 +604,9 @@ def _write_report(report: Path, doc: dict[str, Any], kernels: Sequence[KernelFil
         if sha and b.get("binary") and not (bdir / f"{sha}.so").exists():
             data = Path(b["binary"]).read_bytes()
             if hashlib.sha256(data).hexdigest() == sha:  # the binary judged, byte for byte
-                _atomic_write(bdir / f"{sha}.so", data)
-    _atomic_write(report / "judge.json", (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
-    _atomic_write(report / "judge.md", markdown(doc).encode())
+                write_atomic(bdir / f"{sha}.so", data)
+    write_atomic(report / "judge.json", (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
+    write_atomic(report / "judge.md", markdown(doc).encode())
     devices = " ".join(f"-d {shlex.quote(d['device'])}" for d in doc["devices"])
     flags = " ".join(f"--cflag={shlex.quote(c)}" for c in cfg.cflags)
     rerun = (f"#!/bin/sh\n# re-run this judgement: the same op, the same kernels (sha256 in judge.json),\n"
@@ -630,7 +615,7 @@ def _write_report(report: Path, doc: dict[str, Any], kernels: Sequence[KernelFil
              f"{devices} --rounds {doc['rounds']} --budget-ms {doc['budget_ms']:g}"
              + (" --exact-shape" if cfg.exact_shape else "") + (f" {flags}" if flags else "")
              + " --report-dir rerun \"$@\"\n")
-    _atomic_write(report / "rerun.sh", rerun.encode())
+    write_atomic(report / "rerun.sh", rerun.encode())
     os.chmod(report / "rerun.sh", 0o755)
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 import edgetune
 from edgetune.errors import EdgetuneError, UserInputError
+from edgetune.hashing import sha256_file
 
 PACK_SCHEMA = "edgetune.pack/1"
 REPRO_SCHEMA = "edgetune.repro/1"
@@ -49,14 +50,6 @@ SUPPORTED_KINDS = ("tune",)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _source_root() -> Path:
     return Path(edgetune.__file__).resolve().parent.parent

@@ -405,8 +405,11 @@ def outcome_error(exc: BaseException) -> str:
 def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, dims: Sequence[str] = (),
          sweeps: Sequence[str] = (), inputs: Sequence[str] = (), db: str | os.PathLike | None = None,
          config: TuneConfig | None = None, inventory: Inventory | None = None,
-         progress: ProgressFn | None = None, command: str = "") -> TuneOutcome:
-    """Tune MODEL on each device (in parallel). Bad input raises UserInputError before any device work."""
+         progress: ProgressFn | None = None, command: str = "",
+         points: Sequence[Mapping[str, int]] | None = None) -> TuneOutcome:
+    """Tune MODEL on each device (in parallel). Bad input raises UserInputError before any device work.
+    ``points``: the shape points themselves (e.g. a decoder's prefill and decode step, which are not
+    a product of dims), instead of the ones ``dims`` and ``sweeps`` span."""
     from edgetune.workload import load_user_inputs, parse_dims, parse_sweeps
 
     cfg = config or TuneConfig()
@@ -424,7 +427,7 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
         for d, n in zip(spec.dims, arr.shape):
             if isinstance(d, str) and d not in dim_values and d not in sweep_values:
                 dim_values[d] = int(n)
-    points = shape_points(model, dim_values, sweep_values)
+    points = [dict(p) for p in points] if points is not None else shape_points(model, dim_values, sweep_values)
     for p in points:  # validate every shape point on the host before touching a device
         build_workload(model, p, user_inputs, n_seeded=1, seed=cfg.seed, deadline=deadline)
     inv = inventory or Inventory()

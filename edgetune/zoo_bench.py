@@ -23,7 +23,6 @@ form refuses, and prefill/decode are two points, not a cartesian product.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -143,11 +142,9 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
     """Tune each zoo model (``budget_s`` per model per device) over its shape points; the
     ``edgetune.zoo-bench/1`` document. Bad input raises UserInputError before any device work."""
     import models.zoo as zoo
-    from edgetune.db import Store
     from edgetune.devices.inventory import Inventory, home_subdir
     from edgetune.space import SPACES
-    from edgetune.tune import DEFAULT_SPACES, DeviceTuner, TuneConfig
-    from edgetune.workload import build_workload, load_model
+    from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
 
     emit = progress or (lambda ev: None)
     if size not in zoo.SIZES:
@@ -172,60 +169,38 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
     t_all = time.monotonic()
     model_dir = home_subdir("zoo") / size
     out_models = []
-    store = Store(db)
-    try:
-        for n in names:
-            e = zoo.entry(n)
-            pts = points(n, size)
-            emit({"event": "build", "model": n, "size": size})
-            path = zoo.build(n, size, model_dir)
-            model = load_model(path)
-            for p in pts:  # validate every point on the host before touching a device
-                build_workload(model, p["dims"], n_seeded=1, seed=cfg.seed)
-            emit({"event": "model", "model": n, "points": [p["label"] for p in pts], "devices": len(specs)})
-            t0 = time.monotonic()
-            outcomes: list[Any] = [None] * len(specs)
-            errors: list[BaseException] = []
-            dims_list = [p["dims"] for p in pts]
-
-            def work(i: int, spec: Any) -> None:
-                try:
-                    outcomes[i] = DeviceTuner(spec, store, cfg, emit).tune(model, dims_list, {}, command)
-                except BaseException as exc:  # noqa: BLE001 - surfaced in the caller's thread
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=work, args=(i, s), daemon=True) for i, s in enumerate(specs)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)
-            if errors:
-                raise errors[0]
-            label_of = {_key(p["dims"]): p["label"] for p in pts}
-            runs, rows = [], []
-            for spec, o in zip(specs, outcomes):
-                runs.append({"device": spec.name, "run_id": o.run_id, "status": o.status, "error": o.error,
-                             "resumed": o.resumed, "jobs_run": o.jobs_run})
-                if o.summary is None:
-                    continue
-                by_key = {_key(s.shape): s for s in o.summary.shapes}
-                for p in pts:
-                    s = by_key.get(_key(p["dims"]))
-                    if s is None:
-                        rows.append({"device": spec.name, "point": p["label"], "shape": p["dims"], "run_id": o.run_id,
-                                     "config": None, "median_ns": None, "vs_default": None,
-                                     "vs_strongest": None, "contender": None,
-                                     "missing": o.error or "no records for this point"})
-                    else:
-                        rows.append(shape_row(s, label_of.get(_key(s.shape), p["label"]), o.run_id, spec.name))
-            wall = time.monotonic() - t0
-            out_models.append({"name": n, "title": e.title, "family": e.family, "size": size, "model": str(path),
-                               "sha256": zoo.sha256(path), "points": pts, "runs": runs, "shapes": rows,
-                               "wall_s": round(wall, 2)})
-            emit({"event": "done", "model": n, "wall_s": wall, "runs": runs})
-    finally:
-        store.close()
+    for n in names:
+        e = zoo.entry(n)
+        pts = points(n, size)
+        emit({"event": "build", "model": n, "size": size})
+        path = zoo.build(n, size, model_dir)
+        emit({"event": "model", "model": n, "points": [p["label"] for p in pts], "devices": len(specs)})
+        t0 = time.monotonic()
+        # the tuner's own multi-device loop (a device that fails is that device's outcome)
+        outcomes = tune(path, [s.name for s in specs], db=db, config=cfg, inventory=inv, progress=emit,
+                        command=command, points=[p["dims"] for p in pts]).devices
+        label_of = {_key(p["dims"]): p["label"] for p in pts}
+        runs, rows = [], []
+        for spec, o in zip(specs, outcomes):
+            runs.append({"device": spec.name, "run_id": o.run_id, "status": o.status, "error": o.error,
+                         "resumed": o.resumed, "jobs_run": o.jobs_run})
+            if o.summary is None:
+                continue
+            by_key = {_key(s.shape): s for s in o.summary.shapes}
+            for p in pts:
+                s = by_key.get(_key(p["dims"]))
+                if s is None:
+                    rows.append({"device": spec.name, "point": p["label"], "shape": p["dims"], "run_id": o.run_id,
+                                 "config": None, "median_ns": None, "vs_default": None,
+                                 "vs_strongest": None, "contender": None,
+                                 "missing": o.error or "no records for this point"})
+                else:
+                    rows.append(shape_row(s, label_of.get(_key(s.shape), p["label"]), o.run_id, spec.name))
+        wall = time.monotonic() - t0
+        out_models.append({"name": n, "title": e.title, "family": e.family, "size": size, "model": str(path),
+                           "sha256": zoo.sha256(path), "points": pts, "runs": runs, "shapes": rows,
+                           "wall_s": round(wall, 2)})
+        emit({"event": "done", "model": n, "wall_s": wall, "runs": runs})
     return {"schema": SCHEMA, "size": size, "devices": [s.name for s in specs], "budget_s_per_model": budget_s,
             "spaces": list(spaces), "models": out_models, "wall_s": round(time.monotonic() - t_all, 2)}
 

@@ -787,21 +787,7 @@ static void on_fault(int sig, siginfo_t* si, void* uc) {
   syscall(SYS_exit_group, EXIT_FAULT);
 }
 
-static DLDataType dl_dtype(et_dtype t) {
-  DLDataType d = {kDLFloat, 32, 1};
-  switch (t) {
-    case DT_F32: d.code = kDLFloat; d.bits = 32; break;
-    case DT_F64: d.code = kDLFloat; d.bits = 64; break;
-    case DT_F16: d.code = kDLFloat; d.bits = 16; break;
-    case DT_I8: d.code = kDLInt; d.bits = 8; break;
-    case DT_U8: d.code = kDLUInt; d.bits = 8; break;
-    case DT_I32: d.code = kDLInt; d.bits = 32; break;
-    case DT_I64: d.code = kDLInt; d.bits = 64; break;
-    case DT_BOOL: d.code = kDLBool; d.bits = 8; break;
-    default: break;
-  }
-  return d;
-}
+DLDataType et_dl_dtype(et_dtype t); /* tvm_backend.c */
 
 extern volatile int g_judge_guard; /* judge_guard.c */
 
@@ -974,7 +960,7 @@ static void child_main(judge_state* s, pid_t parent) {
           dt->data = b->map + b->data_off;
           dt->device.device_type = kDLCPU;
           dt->ndim = t->ndim;
-          dt->dtype = dl_dtype(t->dtype);
+          dt->dtype = et_dl_dtype(t->dtype);
           dt->shape = (int64_t*)malloc(sizeof(int64_t) * (size_t)(t->ndim + 1));
           if (!dt->shape) _exit(EXIT_SETUP);
           memcpy(dt->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);

@@ -379,7 +379,8 @@ static int tvm_load(backend* b, const backend_config* cfg, char* err, size_t err
   return 0;
 }
 
-static DLDataType dl_dtype(et_dtype t) {
+/* the DLPack dtype of an agent tensor (the judge backend's DLTensors use it too) */
+DLDataType et_dl_dtype(et_dtype t) {
   DLDataType d = {kDLFloat, 32, 1};
   switch (t) {
     case DT_F32: d.code = kDLFloat; d.bits = 32; break;
@@ -401,7 +402,7 @@ static void fill(DLTensor* d, TVMFFIAny* a, et_tensor* t) {
   d->device.device_type = kDLCPU;
   d->device.device_id = 0;
   d->ndim = t->ndim;
-  d->dtype = dl_dtype(t->dtype);
+  d->dtype = et_dl_dtype(t->dtype);
   d->shape = t->shape;
   d->strides = NULL; /* compact C order */
   d->byte_offset = 0;

@@ -118,16 +118,9 @@ def _check(names, size, devices, html_out, timeout, seed, tvm, fmt):
 
     doc = check(names, size, devices, timeout_s=timeout, seed=seed, tvm=tvm, progress=on_event)
     if html_out:
-        p = Path(html_out).expanduser()
-        tmp = p.with_name(f".{p.name}.tmp")
-        try:
-            tmp.write_text(html_matrix(doc))
-            tmp.replace(p)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            from edgetune.errors import UserInputError
+        from edgetune.report import write_atomic
 
-            raise UserInputError(f"--html {p}: cannot write it ({exc.strerror or exc})") from None
+        write_atomic(Path(html_out).expanduser(), html_matrix(doc))
     if fmt == Format.json:
         emit_json(doc)
     else:

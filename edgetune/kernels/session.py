@@ -941,14 +941,8 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
                              verdict={**verdict, "load_ms": run.load_ms, **kernel_info},
                              samples_ns=run.samples_ns, wall_ms=wall_ms, agent_ms=wall_ms)
             return
-        form = who.form
-        store.add_record(**common, candidate=form.candidate.as_dict(),
-                         versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
-                         round=rnd, status="verified" if ok else "failed", reason=reason,
-                         verdict={**verdict, "load_ms": jr.load_ms if jr else None, "form": form.key,
-                                  "label": form.label, "weights_sha256": _weights_sha(weights)},
-                         samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
-                         agent_ms=jr.agent_ms if jr else 0.0)
+        record_form(store, common, versions, who.form, rnd, ok, reason, verdict, jr,
+                    weights_sha256=_weights_sha(weights))
 
     try:
         forms, skipped = baseline_forms(w, weights, workdir, bdev)
@@ -974,6 +968,18 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
     res.peak_pct = 100.0 * res.gflops / peak if peak else None
     res.baseline = strongest_baseline(forms, skipped, groups, failed, k_groups, flops, round_ratio)
     return res
+
+
+def record_form(store, common: Mapping[str, Any], versions: Mapping[str, Any], form: "BaselineForm", rnd: int,
+                ok: bool, reason: str, verdict: Mapping[str, Any], jr, **extra: Any) -> None:
+    """Store one baseline form's run of a final round (``jr``: its JobResult, or None)."""
+    store.add_record(**common, candidate=form.candidate.as_dict(),
+                     versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
+                     round=rnd, status="verified" if ok else "failed", reason=reason,
+                     verdict={**verdict, "load_ms": jr.load_ms if jr else None, "form": form.key,
+                              "label": form.label, **extra},
+                     samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
+                     agent_ms=jr.agent_ms if jr else 0.0)
 
 
 @dataclass

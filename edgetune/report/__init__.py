@@ -157,12 +157,16 @@ def markdown(rep: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
+def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
+    """Write ``path`` whole or not at all (a temp file renamed over it); one line when it cannot."""
     p = Path(path)
     tmp = p.with_name(p.name + f".tmp{os.getpid()}")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
+        if isinstance(text, bytes):
+            tmp.write_bytes(text)
+        else:
+            tmp.write_text(text)
         os.replace(tmp, p)
     except OSError as exc:
         try:

@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from edgetune.accuracy import AccuracyBudget
 from edgetune.candidate import Candidate
 from edgetune.db import Store
 from edgetune.devices.inventory import Inventory, edgetune_home
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
-from edgetune.space import BuildFailed, load_space
+from edgetune.space import BuildFailed, space_of
 from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, _versions
 from edgetune.tune import tune as _tune
 from edgetune.workload import build_workload, load_model, load_user_inputs, parse_dims, shape_points
@@ -62,28 +63,31 @@ def find_candidate(store: Store, key: str) -> Candidate:
 
 def bench(model: str, config_key: str, device: str = "local", *, dims: Sequence[str] = (), db: str | None = None,
           rounds: int = 5, budget_s: float = 20.0, inventory: Inventory | None = None,
-          command: str = "") -> RunSummary:
+          command: str = "", accuracy: AccuracyBudget | None = None) -> RunSummary:
     """Measure one stored configuration against the runtime default, interleaved, now.
-    ``command``: the command line that reproduces this (recorded with the run; "" for none)."""
+    ``command``: the command line that reproduces this (recorded with the run; "" for none).
+    ``accuracy``: the budget an approximate configuration is held to (default: the one it was
+    tuned under, ``stored_budget``)."""
     m = load_model(resolve_model(model))
     store = Store(db, create=False) if db else Store()
     try:
         cand = find_candidate(store, config_key)
         spec = (inventory or Inventory()).get(device)
         default = Candidate.make(cand.backend if cand.backend in ("ort", "tflite") else "ort", {}, baseline=True)
-        cfg = TuneConfig(budget_s=budget_s, rounds=rounds, finalists=1, spaces=())
+        acc = accuracy if accuracy is not None and accuracy.set else stored_budget(store, cand.key())
+        cfg = TuneConfig(budget_s=budget_s, rounds=rounds, finalists=1, spaces=(), accuracy=acc)
         tuner = DeviceTuner(spec, store, cfg)
         info = tuner.info()
         cands = []
         for c in ([default] if default.key() != cand.key() else []) + [cand]:
-            cands.append((c, load_space(c.backend)))
+            cands.append((c, space_of(c)))
         points = shape_points(m, parse_dims(dims, m), {})
         run_id = "bench-" + hashlib.sha256(f"{m.sha256}{cand.key()}{time.time_ns()}".encode()).hexdigest()[:10]
         versions = _versions(info)
         store.start_run(run_id, str(m.path), m.sha256, spec.name, info.fingerprint_key,
                         {**info.fingerprint, "arch": info.arch}, versions,
                         {"kind": "bench", "config": cand.key(), "rounds": rounds, "points": points,
-                         "command": command})
+                         "command": command, **({"accuracy": acc.as_dict()} if acc.set else {})})
         deadline = time.monotonic() + budget_s
         for p in points:
             wl = build_workload(m, p)
@@ -97,8 +101,9 @@ def bench(model: str, config_key: str, device: str = "local", *, dims: Sequence[
 
 def verify_config(model: str, config_key: str, device: str = "local", *, dims: Sequence[str] = (),
                   inputs: Sequence[str] = (), db: str | None = None, inventory: Inventory | None = None,
-                  seed: int | None = None) -> dict:
-    """Run one stored configuration once on seeded (and user) inputs and verify it.
+                  seed: int | None = None, accuracy: AccuracyBudget | None = None) -> dict:
+    """Run one stored configuration once on seeded (and user) inputs and verify it. An approximate
+    configuration is held to ``accuracy`` (default: the budget it was tuned under, ``stored_budget``).
 
     The inputs come from a fresh random ``seed`` by default, never one a tune of this configuration
     used (the candidate must not be checked on data it was selected on); pass ``seed`` to replay a
@@ -110,23 +115,24 @@ def verify_config(model: str, config_key: str, device: str = "local", *, dims: S
         seed_source = "given" if seed is not None else "fresh"
         if seed is None:
             seed = fresh_seed(tune_seeds(store, cand.key()))
+        acc = accuracy if accuracy is not None and accuracy.set else stored_budget(store, cand.key())
     finally:
         store.close()
     spec = (inventory or Inventory()).get(device)
-    tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed))
+    tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed, accuracy=acc))
     info = tuner.info()
     results = []
     for p in shape_points(m, parse_dims(dims, m), {}):
         wl = build_workload(m, p, load_user_inputs(inputs), seed=seed)
         try:
-            prep = load_space(cand.backend).prepare(cand, wl, info, tuner.cache_dir)
+            prep = space_of(cand).prepare(cand, wl, info, tuner.cache_dir)
         except BuildFailed as exc:
             results.append({"shape": p, "ok": False, "reason": f"build failed: {exc}"})
             continue
         res = tuner._job(wl, prep, budget_ms=50.0)
-        verdict = tuner._verify(wl, res)
+        verdict = tuner._verify(wl, res, cand)
         results.append({"shape": p, **verdict.as_dict(), "status": res.status})
-    return {"candidate": cand.as_dict(), "label": cand.label(), "device": spec.name,
+    return {"candidate": cand.as_dict(), "label": cand.label(), "device": spec.name, "accuracy_budget": acc.as_dict(),
             "fingerprint_key": info.fingerprint_key, "seed": seed, "seed_source": seed_source,
             "ok": all(r["ok"] for r in results), "shapes": results}
 
@@ -142,6 +148,25 @@ def tune_seeds(store: Store, candidate_key: str) -> set[int]:
             config = {}
         seeds.add(int(config.get("seed", 0)) if isinstance(config, dict) else 0)
     return seeds
+
+
+def stored_budget(store: Store, candidate_key: str) -> AccuracyBudget:
+    """The accuracy budget of the newest stored run that measured ``candidate_key`` under one (an
+    approximate configuration is re-checked against the budget it was selected under); none if no
+    such run."""
+    runs = [store.get_run(rid) or {} for rid in {r.run_id for r in store.records(candidate_key=candidate_key)}]
+    for run in sorted(runs, key=lambda r: float(r.get("created") or 0), reverse=True):
+        try:
+            config = json.loads(run.get("config") or "{}")
+        except (TypeError, ValueError):
+            continue
+        acc = config.get("accuracy") if isinstance(config, dict) else None
+        if isinstance(acc, dict) and acc:
+            try:
+                return AccuracyBudget(**{k: float(v) for k, v in acc.items() if k in ("cosine", "max_abs", "top1")})
+            except (TypeError, ValueError):
+                continue
+    return AccuracyBudget()
 
 
 def fresh_seed(avoid: set[int] = frozenset()) -> int:

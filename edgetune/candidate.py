@@ -7,6 +7,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+# parameters that say how the MODEL is rewritten on the host (edgetune/space/ort_rewrite.py), not
+# how the runtime is configured: the agent never sees them
+REWRITE_KEYS = frozenset({"precision", "quant", "rewrite"})
+APPROXIMATE_PRECISIONS = frozenset({"int8", "fp16", "bf16"})
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -21,6 +26,11 @@ class Candidate:
     @property
     def param_dict(self) -> dict[str, Any]:
         return dict(self.params)
+
+    @property
+    def approximate(self) -> bool:
+        """Computes in a lower precision than the model: judged by accuracy, not tolerance."""
+        return self.param_dict.get("precision") in APPROXIMATE_PRECISIONS
 
     def key(self) -> str:
         payload = json.dumps({"backend": self.backend, "params": self.param_dict}, sort_keys=True)

@@ -411,7 +411,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
     from edgetune.devices.inventory import Inventory
     from edgetune.measure import round_ratio
     from edgetune.results import summarize_run
-    from edgetune.space import load_space
+    from edgetune.space import space_of
     from edgetune.tune import DeviceTuner, TuneConfig, _versions
     from edgetune.workload import build_workload, load_model, load_user_inputs
 
@@ -466,7 +466,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
                     for k in keys:
                         cand = Candidate.from_dict(cands_by_key[k]["candidate"])
                         try:
-                            cands.append((cand, load_space(cand.backend)))
+                            cands.append((cand, space_of(cand)))
                         except (KeyError, ImportError):
                             raise UserInputError(f"run {run['run_id']}: backend '{cand.backend}' of {k} is not "
                                                  f"available here") from None

@@ -51,6 +51,8 @@ class CandidateSummary:
     confirm_stats: Stats | None = None  # its samples in the counted confirmation rounds
     race_vs_default: RaceRatio | None = None
     race_vs_best_baseline: RaceRatio | None = None
+    # approximate candidates: the worst accuracy over all its records (edgetune/accuracy.py)
+    accuracy: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +66,7 @@ class CandidateSummary:
             "confirm_stats": self.confirm_stats.as_dict() if self.confirm_stats else None,
             "race_speedup_vs_default": _ratio_dict(self.race_vs_default),
             "race_speedup_vs_best_baseline": _ratio_dict(self.race_vs_best_baseline),
+            "approximate": self.candidate.approximate, "accuracy": self.accuracy,
         }
 
 
@@ -180,7 +183,18 @@ def _candidate(key: str, recs: list[RecordRow], conf: Confirmation) -> Candidate
         Candidate.from_dict(recs[0].candidate), status, reason, phase, [r.round for r in race], stats,
         max(_finite([r.verdict.get("max_abs_err") for r in recs]), default=None),
         max(_finite([r.verdict.get("max_rel_err") for r in recs]), default=None),
-        samples=samples, confirm_rounds=[confirm_index(r.round) for r in confirm], confirm_stats=confirm_stats)
+        samples=samples, confirm_rounds=[confirm_index(r.round) for r in confirm], confirm_stats=confirm_stats,
+        accuracy=_worst_accuracy(recs))
+
+
+def _worst_accuracy(recs: list[RecordRow]) -> dict[str, Any] | None:
+    accs = [r.verdict["accuracy"] for r in recs if isinstance(r.verdict.get("accuracy"), dict)]
+    if not accs:
+        return None
+    top1 = _finite([a.get("top1") for a in accs])
+    return {"cosine": min(_finite([a.get("cosine") for a in accs]), default=None),
+            "max_abs": max(_finite([a.get("max_abs") for a in accs]), default=None),
+            "top1": min(top1) if top1 else None, "runs": sum(int(a.get("runs") or 0) for a in accs)}
 
 
 def _claim(r: Ratio | None) -> Ratio | None:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 import edgetune
+from edgetune.accuracy import AccuracyBudget
 from edgetune.agent.host import MAX_PROCS, MEMORY_MB, AgentClient, AgentInfo, Job, JobResult
 from edgetune.candidate import Candidate
 from edgetune.db import LeaseLost, Store
@@ -40,7 +41,7 @@ from edgetune.verify import Verdict, verify_job
 from edgetune.workload import Deadline, Model, Workload, build_workload, load_model, shape_points
 
 ProgressFn = Callable[[dict[str, Any]], None]
-DEFAULT_SPACES = ("ort", "tflite", "tvm-relax")
+DEFAULT_SPACES = ("ort", "ort-fused", "tflite", "tvm-relax")
 
 
 @dataclass
@@ -56,6 +57,8 @@ class TuneConfig:
     fresh: bool = False
     retries: int = 3
     tvm_trials: int = 0  # MetaSchedule trials for the tvm-tuned candidate (0: no tvm-tuned)
+    # approximate candidates (int8, fp16) are selectable only within this budget (edgetune/accuracy.py)
+    accuracy: AccuracyBudget = field(default_factory=AccuracyBudget)
     # candidates beyond the spaces (e.g. user adapters): each with its Space, or an already Prepared artifact
     extra: list[tuple[Candidate, Any]] = field(default_factory=list)
 
@@ -70,7 +73,8 @@ class TuneConfig:
         return {"budget_s": self.budget_s, "rounds": self.rounds, "finalists": self.finalists,
                 "confirm_rounds": self.confirm_rounds, "spaces": list(self.spaces),
                 "max_candidates": self.max_candidates, "seed": self.seed, "tvm_trials": self.tvm_trials,
-                "extra": [c.key() for c, _ in self.extra]}
+                "extra": [c.key() for c, _ in self.extra],
+                **({"accuracy": self.accuracy.as_dict()} if self.accuracy.set else {})}
 
 
 @dataclass
@@ -187,12 +191,13 @@ class DeviceTuner:
                   max_procs=int(self.spec.options.get("max_procs", MAX_PROCS)))
         return self._with_retries(lambda: self.client.run_job(job), "running a job")
 
-    def _verify(self, wl: Workload, res: JobResult) -> Verdict:
+    def _verify(self, wl: Workload, res: JobResult, cand: Candidate | None = None) -> Verdict:
         info = self.info()
         if self._peak is None:  # once per device: a roofline needs the device's clock and ISA
             self._peak = (device_peak_gflops(self.client, info),)
         return verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
-                          flops=wl.flops(), peak_gflops=self._peak[0], timings_trusted=not info.emulated)
+                          flops=wl.flops(), peak_gflops=self._peak[0], timings_trusted=not info.emulated,
+                          approximate=bool(cand and cand.approximate), budget=self.cfg.accuracy)
 
     # ---- one shape point -------------------------------------------------------------------
     def tune_shape(self, run_id: str, model: Model, info: AgentInfo, wl: Workload, cands: list[tuple[Candidate, Any]],
@@ -236,7 +241,7 @@ class DeviceTuner:
                 res, verdict = JobResult("error", p), Verdict.failed(p)
             else:
                 res = self._job(wl, p, budget_ms)
-                verdict = self._verify(wl, res)
+                verdict = self._verify(wl, res, cand)
             wall = res.wall_ms or (time.perf_counter() - t0) * 1e3
             if res.ok:
                 own = sum(res.samples_ns) / 1e6

@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from edgetune.accuracy import Accuracy, AccuracyBudget
 from edgetune.agent.fresh import fresh_inputs
 from edgetune.agent.host import JobResult
 
@@ -98,6 +99,7 @@ class Verdict:
     code: str = "ok"
     norm_rel_err: float = float("nan")
     timed_checked: int = 0
+    accuracy: dict | None = None  # approximate candidates: accuracy.Accuracy.as_dict() (worst over checked runs)
 
     def as_dict(self) -> dict:
         return {
@@ -106,6 +108,7 @@ class Verdict:
             "tolerance": self.tolerance, "deterministic": self.deterministic,
             "bitwise_deterministic": self.bitwise_deterministic, "timed_checked": self.timed_checked,
             "checks": list(self.checks),
+            **({"accuracy": self.accuracy} if self.accuracy is not None else {}),
         }
 
     @classmethod
@@ -160,9 +163,9 @@ class _Errors:
 
 def _check_outputs(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
                    errors: _Errors, override: float | None, timed: bool = False,
-                   dtypes: Sequence[str] | None = None) -> None:
+                   dtypes: Sequence[str] | None = None, acc: Accuracy | None = None) -> None:
     try:
-        _check_values(where, names, outs, refs, errors, override, dtypes)
+        _check_values(where, names, outs, refs, errors, override, dtypes, acc)
     except _Fail as f:
         # right when checked, wrong when timed: the signature of work skipped once warm
         if timed and f.code in ("non-finite", "wrong-output", "imprecise"):
@@ -171,7 +174,10 @@ def _check_outputs(where: str, names: Sequence[str], outs: Sequence[np.ndarray |
 
 
 def _check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
-                  errors: _Errors, override: float | None, dtypes: Sequence[str] | None = None) -> None:
+                  errors: _Errors, override: float | None, dtypes: Sequence[str] | None = None,
+                  acc: Accuracy | None = None) -> None:
+    """Presence, shape, dtype and finiteness of every output; then its values: within tolerance, or
+    for an approximate candidate (``acc`` given) added to its accuracy instead."""
     if len(outs) != len(refs):
         raise _Fail("missing-output", f"{where}: {len(outs)} outputs, expected {len(refs)}")
     for i, (name, out, ref) in enumerate(zip(names, outs, refs)):
@@ -188,6 +194,9 @@ def _check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | 
                 nan = int(np.isnan(out[bad]).sum())
                 raise _Fail("non-finite", f"{where}: output {name} has {int(bad.sum())} of {out.size} non-finite "
                                           f"values ({nan} NaN) where the reference is finite (unwritten or overflowed)")
+        if acc is not None:
+            acc.add(name, out, ref)
+            continue
         tol = tolerance_for(str(want), override)
         e = compare(out, ref, tol)
         errors.add(e, tol)
@@ -198,6 +207,8 @@ def _check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | 
             raise _Fail(code, f"{where}: output {name} {what}: norm error {e.norm_rel:.3g} (tolerance {tol.norm:.0e}), "
                               f"max error {e.max_rel:.3g} of its RMS scale at {e.worst_index} "
                               f"(got {float(got):.6g}, want {float(want):.6g})")
+    if acc is not None:
+        acc.runs += 1
 
 
 def _same(a: Sequence[np.ndarray | None], b: Sequence[np.ndarray | None]) -> bool:
@@ -227,6 +238,8 @@ def verify_job(
     timings_trusted: bool = True,
     output_dtypes: Sequence[str] | None = None,
     require_timed: bool = True,
+    approximate: bool = False,
+    budget: AccuracyBudget | None = None,
 ) -> Verdict:
     """Verify one job's result. references[i][k]: reference of input set i, output k (what the host
     computed for what it sent); reference_fn(inputs) computes references of replayed fresh inputs.
@@ -234,7 +247,10 @@ def verify_job(
     (an emulated device, e.g. qemu, whose timings are not the hardware's) skips the two checks that
     rest on timings (TEST04 caching, roofline); every output check still applies.
     ``output_dtypes``: the outputs' dtypes when the references are computed in another precision.
-    ``require_timed=False`` only for a measurer that cannot return timed iterations (legacy CUDA)."""
+    ``require_timed=False`` only for a measurer that cannot return timed iterations (legacy CUDA).
+    ``approximate``: an int8/fp16 candidate, whose values get an accuracy verdict (edgetune/accuracy.py)
+    instead of the tolerance: every other check applies; it passes only within a set ``budget``
+    (code ``approximate`` without one, ``over-accuracy-budget`` outside it)."""
     if not res.ok:
         reason = res.reason or res.status
         if res.invalid:  # the device's answer broke the protocol (agent/validate.py)
@@ -253,6 +269,7 @@ def verify_job(
     if not res.samples_ns:
         return Verdict.failed("no timing samples returned", "no-samples")
     errors = _Errors()
+    acc = Accuracy() if approximate else None
     checks: list[str] = []
     deterministic = bitwise = False
     names = list(output_names)
@@ -276,8 +293,8 @@ def verify_job(
         if len(res.outputs) > 1:
             checks.append("different inputs give different outputs")
         for i, (refs, outs) in enumerate(zip(references, res.outputs)):
-            _check_outputs(f"input set {i}", names, outs, refs, errors, tolerance, dtypes=output_dtypes)
-        checks.append(f"{len(references)} input sets within tolerance")
+            _check_outputs(f"input set {i}", names, outs, refs, errors, tolerance, dtypes=output_dtypes, acc=acc)
+        checks.append(f"{len(references)} input sets " + ("measured for accuracy" if acc else "within tolerance"))
 
         # determinism: required, not optional
         rep = res.repeat_outputs
@@ -299,7 +316,8 @@ def verify_job(
             raise _Fail("late-write", f"outputs {res.late_change.get('outputs')} changed after the call of iteration "
                                       f"{res.late_change.get('iter')} returned (work finished outside the timed call)")
         if require_timed or res.timed_checks:
-            n_timed = _check_timed(res, input_sets, references, reference_fn, names, errors, tolerance, output_dtypes)
+            n_timed = _check_timed(res, input_sets, references, reference_fn, names, errors, tolerance, output_dtypes,
+                                   acc)
             checks.append(f"{n_timed} timed iterations verified on fresh inputs")
         else:
             n_timed = 0
@@ -319,15 +337,30 @@ def verify_job(
                                                  f"{flops / fastest:.1f} GFLOP/s, above the device's peak "
                                                  f"{peak_gflops:.1f} GFLOP/s x {ROOFLINE_MARGIN}")
             checks.append("within the device's roofline")
+        if acc is not None:
+            _check_budget(acc, budget)
+            checks.append(f"within the accuracy budget ({budget.label()})")  # type: ignore[union-attr]
     except _Fail as f:
         return Verdict(False, f.reason, errors.max_abs, errors.max_rel, errors.tol, deterministic, bitwise,
-                       tuple(checks), f.code, errors.norm_rel)
+                       tuple(checks), f.code, errors.norm_rel, accuracy=acc.as_dict() if acc else None)
+    if acc is not None:
+        errors.max_abs = acc.max_abs
     return Verdict(True, "", errors.max_abs, errors.max_rel, errors.tol, True, bitwise, tuple(checks), "ok",
-                   errors.norm_rel, n_timed)
+                   errors.norm_rel, n_timed, accuracy=acc.as_dict() if acc else None)
+
+
+def _check_budget(acc: Accuracy, budget: AccuracyBudget | None) -> None:
+    if budget is None or not budget.set:
+        raise _Fail("approximate", f"approximate ({acc.label()} over {acc.runs} checked runs): selectable only "
+                                   f"under an accuracy budget (--accuracy cosine=X, max-abs=X, top1=X)")
+    broken = budget.violations(acc)
+    if broken:
+        raise _Fail("over-accuracy-budget", f"outside the accuracy budget: {'; '.join(broken)} "
+                                            f"(worst of {acc.runs} checked runs)")
 
 
 def _check_timed(res: JobResult, input_sets, references, reference_fn, names, errors: _Errors, tolerance,
-                 dtypes=None) -> int:
+                 dtypes=None, acc: Accuracy | None = None) -> int:
     n = len(res.samples_ns)
     first = res.first_timed_iter
     if not res.timed_checks or first is None or res.fresh_seed is None:
@@ -352,7 +385,7 @@ def _check_timed(res: JobResult, input_sets, references, reference_fn, names, er
         seen.append((c.outputs, refs, f"timed iteration {c.iteration}"))
     for c, refs in zip(res.timed_checks, replayed):
         _check_outputs(f"timed iteration {c.iteration}", names, c.outputs, refs, errors, tolerance, timed=True,
-                       dtypes=dtypes)
+                       dtypes=dtypes, acc=acc)
     return len(res.timed_checks)
 
 

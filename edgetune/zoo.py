@@ -201,14 +201,14 @@ def _prepare(path: Path, entry, size: str, seed: int):
 
 
 def _cell(tuner, info, wl, refs, name, size, device, column, cand, why, budget_ms) -> Cell:
-    from edgetune.space import BuildFailed, load_space
+    from edgetune.space import BuildFailed, space_of
     from edgetune.verify import verify_job
 
     if cand is None:
         return Cell(name, size, device, column, "n/a", why)
     t0 = time.monotonic()
     try:
-        prep = load_space(cand.backend).prepare(cand, wl, info, tuner.cache_dir)
+        prep = space_of(cand).prepare(cand, wl, info, tuner.cache_dir)
     except BuildFailed as exc:
         msg = str(exc)
         mode = "unsupported-op" if _UNSUPPORTED.search(msg) else "build-failed"

@@ -78,6 +78,21 @@ def points(name: str, size: str) -> list[dict[str, Any]]:
     return [{"label": ",".join(f"{k}={v}" for k, v in dims.items()) or "static", "dims": dims}]
 
 
+def nominal_points(name: str, size: str) -> list[dict[str, Any]]:
+    """Only the size's own shape: batch 1 (and its seq) for encoders, the prefill and the decode
+    step for decoders (whose two points are both nominal)."""
+    pts = points(name, size)
+    import models.zoo as zoo
+
+    e = zoo.entry(name)
+    if e.family == "decoder":
+        return pts
+    dims = e.dims(size)
+    want = {**dims, "batch": 1} if "batch" in dims or any("batch" in p["dims"] for p in pts) else dims
+    same = [p for p in pts if all(p["dims"].get(k) == v for k, v in want.items())]
+    return same or [{"label": ",".join(f"{k}={v}" for k, v in want.items()) or "static", "dims": want}]
+
+
 def _ratio(r: Any) -> dict[str, Any] | None:
     if r is None:
         return None
@@ -138,12 +153,16 @@ def shape_row(shape: Any, label: str, run_id: str, device: str) -> dict[str, Any
 def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("local",), *, budget_s: float = 60.0,
           spaces: Sequence[str] | None = None, db: str | None = None, rounds: int = 3, finalists: int = 5,
           max_candidates: int | None = None, command: str = "",
-          progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[dict[str, Any]], None] | None = None, accuracy: Sequence[str] = (),
+          shapes: str = "sweep") -> dict[str, Any]:
     """Tune each zoo model (``budget_s`` per model per device) over its shape points; the
-    ``edgetune.zoo-bench/1`` document. Bad input raises UserInputError before any device work."""
+    ``edgetune.zoo-bench/1`` document. Bad input raises UserInputError before any device work.
+    ``accuracy``: the budget for approximate candidates (``--accuracy`` strings; adds the approximate
+    spaces); ``shapes``: ``sweep`` (the family's points) or ``nominal`` (``nominal_points``)."""
+    from edgetune.accuracy import AccuracyBudget
     import models.zoo as zoo
     from edgetune.devices.inventory import Inventory, home_subdir
-    from edgetune.space import SPACES
+    from edgetune.space import APPROXIMATE_SPACES, SPACES
     from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
 
     emit = progress or (lambda ev: None)
@@ -158,20 +177,25 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
             raise UserInputError(f"unknown zoo model {n!r}; known: {', '.join(zoo.ZOO)}")
         if n not in have:
             raise UserInputError(f"zoo model {n!r} is not in this edgetune yet")
+    if shapes not in ("sweep", "nominal"):
+        raise UserInputError(f"--shapes must be sweep or nominal, got {shapes!r}")
+    acc = AccuracyBudget.parse(accuracy)
     spaces = tuple(spaces) if spaces else DEFAULT_SPACES
+    if acc.set:
+        spaces += tuple(s for s in APPROXIMATE_SPACES if s not in spaces)
     bad = [s for s in spaces if s not in SPACES]
     if bad:
         raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")
     inv = Inventory()
     specs = [inv.get(d) for d in dict.fromkeys(devices or ["local"])]
     cfg = TuneConfig(budget_s=budget_s, rounds=rounds, finalists=finalists, spaces=spaces,
-                     max_candidates=max_candidates)
+                     max_candidates=max_candidates, accuracy=acc)
     t_all = time.monotonic()
     model_dir = home_subdir("zoo") / size
     out_models = []
     for n in names:
         e = zoo.entry(n)
-        pts = points(n, size)
+        pts = points(n, size) if shapes == "sweep" else nominal_points(n, size)
         emit({"event": "build", "model": n, "size": size})
         path = zoo.build(n, size, model_dir)
         emit({"event": "model", "model": n, "points": [p["label"] for p in pts], "devices": len(specs)})
@@ -202,7 +226,7 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
                            "wall_s": round(wall, 2)})
         emit({"event": "done", "model": n, "wall_s": wall, "runs": runs})
     return {"schema": SCHEMA, "size": size, "devices": [s.name for s in specs], "budget_s_per_model": budget_s,
-            "spaces": list(spaces), "models": out_models, "wall_s": round(time.monotonic() - t_all, 2)}
+            "spaces": list(spaces), "shapes": shapes, "accuracy": acc.as_dict(), "models": out_models, "wall_s": round(time.monotonic() - t_all, 2)}
 
 
 def _key(d: dict[str, Any]) -> tuple:

@@ -20,6 +20,9 @@ def bench_cmd(
     dim: List[str] = DimOpt,
     rounds: int = typer.Option(5, "--rounds", min=1),
     budget: float = typer.Option(20.0, "--budget", help="seconds"),
+    accuracy: List[str] = typer.Option([], "--accuracy",
+                                       help="budget for an approximate (int8) configuration, e.g. cosine=0.999 "
+                                            "(default: the budget it was tuned under)"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
     loadgen: Optional[str] = typer.Option(
@@ -47,7 +50,7 @@ def bench_cmd(
 
         run_guarded(_raise, UserInputError("--loadgen-queries and --loadgen-seconds need "
                                            "--loadgen singlestream|offline"))
-    run_guarded(_bench, model, config, device, dim, rounds, budget, db, fmt, reproducing_command(ctx))
+    run_guarded(_bench, model, config, device, dim, rounds, budget, db, fmt, reproducing_command(ctx), accuracy)
 
 
 def _raise(exc):
@@ -99,12 +102,14 @@ def _ms(v) -> str:
     return f"{v:.3f} ms" if isinstance(v, (int, float)) else "?"
 
 
-def _bench(model, config, device, dims, rounds, budget, db, fmt, command=""):
+def _bench(model, config, device, dims, rounds, budget, db, fmt, command="", accuracy=()):
     # lazy: CLI start-up (these import numpy and the tuner; --help needs neither)
+    from edgetune.accuracy import AccuracyBudget
     from edgetune.api import bench
     from edgetune.cli.tables import run_tables
 
-    summary = bench(model, config, device, dims=dims, db=db, rounds=rounds, budget_s=budget, command=command)
+    summary = bench(model, config, device, dims=dims, db=db, rounds=rounds, budget_s=budget, command=command,
+                    accuracy=AccuracyBudget.parse(accuracy))
     if fmt == Format.json:
         emit_json(summary.as_dict())
         return

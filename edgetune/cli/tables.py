@@ -21,7 +21,7 @@ def run_tables(summary: RunSummary) -> list[Table]:
         t = Table(title=plain(f"{Path(summary.model_path).name} on {summary.device} ({fp.get('cpu_model')}, "
                               f"{fp.get('cores')} cores{', EMULATED' if summary.emulated else ''}) — {shape}"),
                   title_justify="left")
-        for col in ("candidate", "key", "status", "median ms", "95% CI ms", "CV", "n", "max rel err",
+        for col in ("candidate", "key", "status", "median ms", "95% CI ms", "CV", "n", "max rel err / accuracy",
                     "speedup vs default [95% CI]"):
             t.add_column(col, overflow="fold")
         for c in s.candidates:

@@ -23,8 +23,13 @@ def tune_cmd(
     sweep: List[str] = typer.Option([], "--sweep", help="tune per shape: --sweep batch=1,4,16 --sweep seq=32,128"),
     dim: List[str] = DimOpt,
     input: List[str] = typer.Option([], "--input", help="user input data: --input name=file.npy (verified too)"),
-    space: str = typer.Option("ort,tflite,tvm-relax", "--space",
-                              help="candidate spaces: ort, tflite, tvm-relax, tvm-tuned (with --tvm-trials)"),
+    space: str = typer.Option("ort,ort-fused,tflite,tvm-relax", "--space",
+                              help="candidate spaces: ort, ort-fused, ort-int8, tflite, tvm-relax, tvm-tuned "
+                                   "(with --tvm-trials)"),
+    accuracy: List[str] = typer.Option([], "--accuracy",
+                                       help="accuracy budget for approximate (int8) candidates, e.g. "
+                                            "--accuracy cosine=0.999 [max-abs=X, top1=X]; adds 'ort-int8' to "
+                                            "--space. Without it only exact candidates are selected"),
     tvm_trials: int = typer.Option(0, "--tvm-trials", min=0,
                                    help="MetaSchedule trials for the tvm-tuned candidate (adds 'tvm-tuned' to --space)"),
     adapter: List[str] = typer.Option([], "--adapter", help="a Python runtime adapter .py to add as a candidate"),
@@ -39,23 +44,27 @@ def tune_cmd(
 ) -> None:
     """Tune MODEL on one or more devices: every candidate verified, speedups with 95% CIs."""
     run_guarded(_tune, model, device, budget, sweep, dim, input, space, adapter, rounds, finalists, max_candidates,
-                timeout, fresh, report_dir, db, fmt, tvm_trials, reproducing_command(ctx))
+                timeout, fresh, report_dir, db, fmt, tvm_trials, reproducing_command(ctx), accuracy)
 
 
 def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
-          fresh, report_dir, db, fmt, tvm_trials=0, command=""):
+          fresh, report_dir, db, fmt, tvm_trials=0, command="", accuracy=()):
     # lazy: CLI start-up (these import numpy and the tuner; --help needs neither)
+    from edgetune.accuracy import AccuracyBudget
     from edgetune.api import resolve_model
     from edgetune.cli.tables import run_tables
     from edgetune.report import markdown, report_dict, write_atomic
     from edgetune.report.html import render
-    from edgetune.space import SPACES
+    from edgetune.space import APPROXIMATE_SPACES, SPACES
     from edgetune.space.adapter import adapter_candidate
     from edgetune.tune import TuneConfig, tune
 
     spaces = tuple(s.strip() for s in space.split(",") if s.strip())
     if tvm_trials > 0 and "tvm-tuned" not in spaces:
         spaces += ("tvm-tuned",)
+    budget_acc = AccuracyBudget.parse(accuracy)
+    if budget_acc.set:
+        spaces += tuple(s for s in APPROXIMATE_SPACES if s not in spaces)
     bad = [s for s in spaces if s not in SPACES]
     if bad:
         raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")
@@ -64,7 +73,8 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     # adapters are prepared by their space like any other candidate
     extra = [adapter_candidate(a) for a in adapters]
     cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
-                     max_candidates=max_candidates, fresh=fresh, extra=extra, tvm_trials=tvm_trials)
+                     max_candidates=max_candidates, fresh=fresh, extra=extra, tvm_trials=tvm_trials,
+                     accuracy=budget_acc)
 
     # task fields and descriptions are formatted into markup: device names and candidate labels go in safe()
     progress = Progress(TextColumn("[bold]{task.fields[device]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -19,6 +19,9 @@ def verify_cmd(
     input: List[str] = typer.Option([], "--input", help="name=file.npy"),
     seed: Optional[int] = typer.Option(None, "--seed", min=0,
                                        help="input seed to replay (default: a fresh random seed, printed)"),
+    accuracy: List[str] = typer.Option([], "--accuracy",
+                                       help="budget for an approximate (int8) configuration, e.g. cosine=0.999 "
+                                            "(default: the budget it was tuned under)"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
 ) -> None:
@@ -26,13 +29,15 @@ def verify_cmd(
 
     The seeded inputs come from a fresh random seed, not the one the configuration was tuned on;
     the seed is printed (and in --format json) so that --seed replays the same check."""
-    run_guarded(_verify, model, config, device, dim, input, db, fmt, seed)
+    run_guarded(_verify, model, config, device, dim, input, db, fmt, seed, accuracy)
 
 
-def _verify(model, config, device, dims, inputs, db, fmt, seed=None):
+def _verify(model, config, device, dims, inputs, db, fmt, seed=None, accuracy=()):
+    from edgetune.accuracy import AccuracyBudget
     from edgetune.api import verify_config  # lazy: CLI start-up (imports numpy and the tuner)
 
-    res = verify_config(model, config, device, dims=dims, inputs=inputs, db=db, seed=seed)
+    res = verify_config(model, config, device, dims=dims, inputs=inputs, db=db, seed=seed,
+                        accuracy=AccuracyBudget.parse(accuracy))
     if fmt == Format.json:
         emit_json(res)
     else:
@@ -42,7 +47,14 @@ def _verify(model, config, device, dims, inputs, db, fmt, seed=None):
         what = f"{res['label']} [{res['candidate']['key']}] on {res['device']}"
         for s in res["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items())
-            if s["ok"]:
+            if s["ok"] and s.get("accuracy"):
+                a = s["accuracy"]
+                top1 = f", top-1 agreement {a['top1']:.4f}" if a.get("top1") is not None else ""
+                line = (f"{what} {shape}: approximate, cosine {a['cosine']:.6f}, max abs err {a['max_abs']:.3g}{top1} "
+                        f"(worst of {a['runs']} runs) within budget {res['accuracy_budget']}; "
+                        f"{'; '.join(map(str, s['checks']))}")
+                console.print(Text.assemble(("verified", "green"), " ", device_text(line)), highlight=False)
+            elif s["ok"]:
                 line = (f"{what} {shape}: max abs err {s['max_abs_err']:.2e}, max rel err {s['max_rel_err']:.2e} "
                         f"(tolerance {s['tolerance']:.0e}); {'; '.join(map(str, s['checks']))}")
                 console.print(Text.assemble(("verified", "green"), " ", device_text(line)), highlight=False)

@@ -139,7 +139,14 @@ def bench_cmd(ctx: typer.Context,
               device: List[str] = typer.Option(["local"], "--device", "-d", help="device(s), repeatable"),
               budget: float = typer.Option(60.0, "--budget", help="seconds of tuning per model per device "
                                            "(all its shape points together)"),
-              space: str = typer.Option("ort,tflite,tvm-relax", "--space", help="candidate spaces, as for tune"),
+              space: str = typer.Option("ort,ort-fused,tflite,tvm-relax", "--space",
+                                        help="candidate spaces, as for tune"),
+              accuracy: List[str] = typer.Option([], "--accuracy",
+                                                 help="accuracy budget for approximate candidates, as for tune "
+                                                      "(adds 'ort-int8' to --space)"),
+              shapes: str = typer.Option("sweep", "--shapes",
+                                         help="sweep: the family's shape points; nominal: only the size's own "
+                                              "shape (batch 1; decoders: prefill and decode step)"),
               rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved race rounds for the finalists"),
               finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),
               max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1,
@@ -152,10 +159,11 @@ def bench_cmd(ctx: typer.Context,
     from edgetune.cli.common import reproducing_command
 
     run_guarded(_bench, names or [], size, device, budget, space, rounds, finalists, max_candidates, db, fmt,
-                reproducing_command(ctx))
+                reproducing_command(ctx), accuracy, shapes)
 
 
-def _bench(names, size, devices, budget, space, rounds, finalists, max_candidates, db, fmt, command):
+def _bench(names, size, devices, budget, space, rounds, finalists, max_candidates, db, fmt, command, accuracy=(),
+           shapes="sweep"):
     from edgetune.zoo_bench import bench, markdown
 
     def on_event(ev):
@@ -173,7 +181,7 @@ def _bench(names, size, devices, budget, space, rounds, finalists, max_candidate
 
     spaces = tuple(s.strip() for s in space.split(",") if s.strip())
     doc = bench(names, size, devices, budget_s=budget, spaces=spaces, db=db, rounds=rounds, finalists=finalists,
-                max_candidates=max_candidates, command=command, progress=on_event)
+                max_candidates=max_candidates, command=command, progress=on_event, accuracy=accuracy, shapes=shapes)
     if fmt == Format.json:
         emit_json(doc)
     else:

@@ -94,10 +94,14 @@ def fmt_speedup(c: CandidateSummary, emulated: bool) -> str:
         r.verdict, f" ({r.verdict})")
 
 
-def fmt_err(c: CandidateSummary) -> str:
-    if c.max_rel_err is None:
-        return "—"
-    return f"{c.max_rel_err:.1e}"
+def fmt_err(c: CandidateSummary | dict[str, Any]) -> str:
+    """The error column: max relative error of an exact candidate; the accuracy of an approximate one."""
+    acc = c.get("accuracy") if isinstance(c, dict) else c.accuracy
+    if acc and acc.get("cosine") is not None:
+        top1 = f" top1 {acc['top1']:.3f}" if acc.get("top1") is not None else ""
+        return f"cos {acc['cosine']:.5f}{top1}"
+    err = c.get("max_rel_err") if isinstance(c, dict) else c.max_rel_err
+    return "—" if err is None else f"{err:.1e}"
 
 
 def markdown(rep: dict[str, Any]) -> str:
@@ -119,7 +123,7 @@ def markdown(rep: dict[str, Any]) -> str:
         for s in run["shapes"]:
             shape = t(" ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"])
             out += [f"### {shape}", "",
-                    "| candidate | key | status | phase | median ms | 95% CI ms | p10–p90 ms | CV | n | max rel err | speedup vs default [95% CI] |",
+                    "| candidate | key | status | phase | median ms | 95% CI ms | p10–p90 ms | CV | n | max rel err / accuracy | speedup vs default [95% CI] |",
                     "|---|---|---|---|---|---|---|---|---|---|---|"]
             for c in s["candidates"]:
                 st = c["stats"]
@@ -134,7 +138,7 @@ def markdown(rep: dict[str, Any]) -> str:
                     out.append(f"| {label}{mark} | {key} | {status} | {phase} | "
                                f"{st['median_ms']:.4f} | {st['ci95_ms'][0]:.4f}–{st['ci95_ms'][1]:.4f} | "
                                f"{st['p10_ms']:.4f}–{st['p90_ms']:.4f} | {st['cv']:.2f} | {t(st['n'])} | "
-                               f"{c['max_rel_err'] if c['max_rel_err'] is None else format(c['max_rel_err'], '.1e')} | {sp_txt} |")
+                               f"{fmt_err(c)} | {sp_txt} |")
                 else:
                     out.append(f"| {label} | {key} | {status} | {phase} | — | — | — | — | 0 | — | — |")
             out.append("")

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgetune.report import NO_COMMAND, recorded_command
+from edgetune.report import NO_COMMAND, fmt_err, recorded_command
 from edgetune.text import html_text
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
@@ -43,6 +43,58 @@ def _chart(shape: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _tradeoff(shape: dict[str, Any]) -> str:
+    """Accuracy versus latency, when the shape has approximate candidates: one point per measured
+    candidate, x its median latency, y its accuracy loss 1 - cosine on a log scale (exact candidates,
+    verified within the fp32 tolerance, on the top line). Hollow points: outside the budget or
+    without one (never selectable)."""
+    import math
+
+    approx = [c for c in shape["candidates"] if c.get("accuracy") and c["stats"]]
+    if not approx:
+        return ""
+    exact = [c for c in shape["candidates"] if not c.get("approximate") and c["status"] == "verified" and c["stats"]]
+    pts = approx + exact
+    xs = [c["stats"]["median_ms"] for c in pts]
+    losses = [max(1e-9, 1.0 - float(c["accuracy"]["cosine"])) for c in approx if c["accuracy"].get("cosine") is not None]
+    lo_e, hi_e = math.floor(math.log10(min(losses, default=1e-6))), math.ceil(math.log10(max(losses, default=1e-3)))
+    hi_e = max(hi_e, lo_e + 1)
+    left, top, w, h = 70, 24, 520, 200
+    xmax = max(xs) * 1.1 or 1.0
+
+    def px(v: float) -> float:
+        return left + w * v / xmax
+
+    def py(c: dict[str, Any]) -> float:
+        if not c.get("accuracy"):
+            return top - 12.0  # exact: the line above the plot
+        loss = max(1e-9, 1.0 - float(c["accuracy"]["cosine"]))
+        return top + h * (math.log10(loss) - lo_e) / (hi_e - lo_e)
+
+    out = [f'<svg width="{left + w + 260}" height="{top + h + 40}" role="img" '
+           f'aria-label="accuracy loss (1 - cosine) versus median latency">',
+           f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#888"/>',
+           f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#888"/>',
+           f'<text x="{left - 6}" y="{top - 9}" text-anchor="end">exact</text>']
+    for ex in range(lo_e, hi_e + 1):
+        y = top + h * (ex - lo_e) / (hi_e - lo_e)
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">1e{ex}</text>')
+    for c in pts:
+        sel = c["candidate"]["key"] == shape["best"]
+        ok = c["status"] == "verified"
+        color = "#2a7" if sel else ("#68a" if c["candidate"]["baseline"] else "#a63")
+        fill = color if ok else "none"
+        x, y = px(c["stats"]["median_ms"]), py(c)
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{fill}" stroke="{color}" stroke-width="1.5"/>')
+        if c.get("accuracy") or sel:  # exact points share one line: only the selected one is named
+            out.append(f'<text x="{x + 8:.1f}" y="{y + 4:.1f}">{html_text(c["label"], 48)}</text>')
+    out.append(f'<text x="{left}" y="{top + h + 16}">0 ms</text><text x="{left + w}" y="{top + h + 16}" '
+               f'text-anchor="end">{xmax:.4g} ms (median latency)</text>'
+               f'<text x="{left}" y="{top + h + 32}">y: accuracy loss 1 − cosine vs the fp32 reference (log); '
+               f'hollow: not selectable (outside the budget or none set)</text></svg>')
+    return "".join(out)
+
+
 def command_html(run: dict[str, Any]) -> str:
     cmd = recorded_command(run)
     return f"<code>{html_text(cmd)}</code>" if cmd else html.escape(NO_COMMAND)
@@ -68,15 +120,15 @@ def render(rep: dict[str, Any]) -> str:
                      f"<br>command {command_html(run)}, run <code>{e(run['run_id'])}</code></p>")
         for s in run["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
-            parts.append(f"<h3>{e(shape)}</h3>{_chart(s)}<table><tr><th>candidate</th><th>key</th><th>status</th>"
-                         "<th>median ms</th><th>95% CI ms</th><th>CV</th><th>n</th><th>max rel err</th>"
+            parts.append(f"<h3>{e(shape)}</h3>{_chart(s)}{_tradeoff(s)}<table><tr><th>candidate</th><th>key</th><th>status</th>"
+                         "<th>median ms</th><th>95% CI ms</th><th>CV</th><th>n</th><th>max rel err / accuracy</th>"
                          "<th>speedup vs default [95% CI]</th></tr>")
             for c in s["candidates"]:
                 st, sp = c["stats"], c["speedup_vs_default"]
                 cls = "best" if c["candidate"]["key"] == s["best"] else ("failed" if c["status"] != "verified" else "")
                 key = e(c["candidate"]["key"])
                 status = e(c["status"] + (f": {c['reason']}" if c["reason"] else ""))
-                err = "—" if c["max_rel_err"] is None else f"{c['max_rel_err']:.1e}"
+                err = e(fmt_err(c))
                 spt = f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] {e(sp['verdict'])}" if sp else "—"
                 if st:
                     parts.append(f"<tr class='{cls}'><td>{e(c['label'])}</td><td><code>{key}</code></td>"

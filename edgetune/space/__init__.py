@@ -16,7 +16,9 @@ from edgetune.candidate import Candidate
 from edgetune.workload import Model, Workload
 
 SPACES = {"ort": "edgetune.space.ort", "tflite": "edgetune.space.tflite", "tvm-relax": "edgetune.space.tvm_relax",
-          "tvm-tuned": "edgetune.space.tvm_relax", "adapter": "edgetune.space.adapter"}
+          "tvm-tuned": "edgetune.space.tvm_relax:TUNED", "adapter": "edgetune.space.adapter",
+          "ort-int8": "edgetune.space.ort_rewrite:INT8", "ort-fused": "edgetune.space.ort_rewrite:FUSED"}
+APPROXIMATE_SPACES = ("ort-int8",)  # added to the default spaces when the user sets an accuracy budget
 
 
 @dataclass(frozen=True)
@@ -44,5 +46,14 @@ class Space(Protocol):
 def load_space(name: str) -> Space:
     if name not in SPACES:
         raise KeyError(name)
-    mod = importlib.import_module(SPACES[name])
-    return mod.TUNED if name == "tvm-tuned" else mod.SPACE
+    module, _, attr = SPACES[name].partition(":")
+    return getattr(importlib.import_module(module), attr or "SPACE")
+
+
+def space_of(cand: Candidate) -> Space:
+    """The space that prepares a stored candidate: its backend's, or for a rewritten model (int8,
+    fused) the space that rewrites it, so a re-run measures the same artifact the tune did."""
+    params = cand.param_dict
+    if "precision" in params or "rewrite" in params:
+        return load_space("ort-int8" if "precision" in params else "ort-fused")
+    return load_space(cand.backend)

@@ -1,0 +1,236 @@
+"""onnxruntime candidates whose MODEL is rewritten on the host: int8 quantization, transformer fusions.
+
+The defaults of onnxruntime (``ort``) already fuse and lay out well; what it does not do by itself
+is change the model's precision or apply the fusions of its transformer optimizer. Those are the
+levers here, each a candidate measured and verified on the device like any other, run with
+onnxruntime's default session options so the rewrite is the only change:
+
+``ort-int8`` (approximate: ``precision=int8``; an accuracy verdict against the fp32 reference and
+selectable only within the user's ``--accuracy`` budget, edgetune/accuracy.py):
+
+* ``dynamic-matmul``: ``quantize_dynamic`` of MatMul/Gemm only (weights int8, activations
+  quantized at run time): the transformer lever;
+* ``dynamic``: ``quantize_dynamic`` of every op it supports (Conv too);
+* ``qdq-u8s8`` / ``qdq-s8s8``: ``quantize_static`` in QDQ format, per-channel weights, activations
+  uint8 / int8, MinMax-calibrated on ``CALIBRATION_SETS`` seeded inputs at the shape point (seeds
+  of their own: never the inputs the candidate is verified on) plus the user's ``--input`` set;
+* ``qdq-u8s8-rr``: the same with ``reduce_range`` (7-bit weights, for CPUs without VNNI, whose
+  u8s8 dot products can saturate);
+* on models the transformer optimizer fuses, ``fused+dynamic-matmul``: fused first, then
+  quantized, onnxruntime's own recipe for BERT/GPT-2.
+
+``ort-fused`` (exact: verified within the fp32 tolerance like any exact candidate):
+``onnxruntime.transformers.optimizer`` fusions (Attention, SkipLayerNormalization, BiasGelu, ...;
+its Gelu approximation stays off) for the model types whose patterns the graph has: ``bert``
+(encoders and ViT), ``gpt2`` (decoders with a KV cache). A model in which nothing fuses is a
+build failure that says so.
+
+fp16 is not a candidate here: onnxruntime's CPU provider runs most fp16 ops through casts to
+float32 (slower, not faster), and no device of this farm offers a provider with native fp16
+kernels (XNNPACK, NNAPI, QNN, CUDA). ``Candidate.approximate`` already covers ``precision=fp16``
+for when one does.
+
+Rewritten models are cached content-addressed (model sha256, rewrite parameters, onnxruntime
+version, calibration inputs) under the private artifacts directory, written to a temporary name
+and renamed, so an interrupted build never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from edgetune.agent.host import AgentInfo
+from edgetune.candidate import REWRITE_KEYS, Candidate
+from edgetune.space import BuildFailed, Prepared
+from edgetune.workload import Model, Workload, build_workload
+
+CALIBRATION_SETS = 8
+INT8_VARIANTS = ("dynamic-matmul", "dynamic", "qdq-u8s8", "qdq-s8s8", "qdq-u8s8-rr")
+STATIC = {"qdq-u8s8": ("QUInt8", False), "qdq-s8s8": ("QInt8", False), "qdq-u8s8-rr": ("QUInt8", True)}
+
+
+def _ops(model: Model) -> set[str]:
+    import onnx
+
+    m = onnx.load(str(model.path), load_external_data=False)
+    return {n.op_type for n in m.graph.node}
+
+
+def fusion_types(model: Model) -> list[str]:
+    """The transformer optimizer's model types whose patterns this graph may hold."""
+    if model.format != "onnx":
+        return []
+    ops = _ops(model)
+    if "Softmax" not in ops or not ({"MatMul", "Gemm"} & ops):
+        return []
+    has_cache = any("past" in s.name.lower() for s in model.inputs)
+    return ["gpt2"] if has_cache else ["bert"]
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+@contextlib.contextmanager
+def _quiet():
+    """onnxruntime's quantization and transformer tools advise on the root logger ("consider
+    pre-processing", "model producer not matched"): not the user's business, kept off their terminal."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], make) -> Path:
+    key = hashlib.sha256(json.dumps({**payload, "ort": _ort_version()}, sort_keys=True).encode()).hexdigest()[:20]
+    d = cache_dir / kind
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / f"{key}.onnx"
+    if out.exists():
+        return out
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=d))
+    try:
+        with _quiet():
+            made = make(tmp)
+        os.replace(made, out)
+    except BuildFailed:
+        raise
+    except Exception as exc:  # the rewriting library's own error: this candidate's build failure
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise BuildFailed(f"{kind}: {first[:300]}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def fuse(model_path: Path, model_type: str, out_dir: Path) -> Path:
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    opts = FusionOptions(model_type)
+    opts.enable_gelu_approximation = False  # exact candidates only: no tanh Gelu
+    m = optimize_model(str(model_path), model_type=model_type, num_heads=0, hidden_size=0,
+                       optimization_options=opts, opt_level=0, use_gpu=False)
+    fused = {k: v for k, v in (m.get_fused_operator_statistics() or {}).items() if v}
+    if not fused:
+        raise BuildFailed(f"fuse-{model_type}: the transformer optimizer found nothing to fuse in this graph")
+    out = out_dir / "fused.onnx"
+    m.save_model_to_file(str(out))
+    return out
+
+
+class _Reader:
+    """onnxruntime's CalibrationDataReader over a list of feeds."""
+
+    def __init__(self, feeds: list[dict[str, Any]]):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+    def rewind(self):  # pragma: no cover - used by some calibrators
+        pass
+
+
+def calibration_feeds(wl: Workload) -> list[dict[str, Any]]:
+    """Calibration inputs at the workload's shape point: seeded sets of their own (a seed derived
+    from the workload's, never the verification inputs) and the user's ``--input`` set when given."""
+    seed = int.from_bytes(hashlib.sha256(f"edgetune-calibration:{wl.seed}".encode()).digest()[:4], "little")
+    user = dict(zip(wl.input_names, wl.input_sets[-1])) if wl.user_input_sets else {}
+    cal = build_workload(wl.model, wl.bindings, user, n_seeded=CALIBRATION_SETS, seed=seed)
+    return [dict(zip(cal.input_names, s)) for s in cal.input_sets]
+
+
+def quantize(src: Path, variant: str, feeds: list[dict[str, Any]] | None, out_dir: Path) -> Path:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    out = out_dir / "int8.onnx"
+    if variant in ("dynamic-matmul", "dynamic"):
+        ops = ["MatMul", "Gemm"] if variant == "dynamic-matmul" else None
+        import onnx
+
+        # DefaultTensorType: a fused graph has contrib ops (Attention, ...) shape inference cannot type
+        quantize_dynamic(str(src), str(out), op_types_to_quantize=ops, weight_type=QuantType.QInt8,
+                         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
+        return out
+    act, rr = STATIC[variant]
+    pre = out_dir / "pre.onnx"
+    try:
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    except Exception:
+        shutil.copyfile(src, pre)  # pre-processing is an optimisation of the recipe, not required
+    quantize_static(str(pre), str(out), _Reader(feeds or []), quant_format=QuantFormat.QDQ, per_channel=True,
+                    reduce_range=rr, activation_type=getattr(QuantType, act), weight_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax,
+                    extra_options={"ActivationSymmetric": act == "QInt8", "WeightSymmetric": True})
+    return out
+
+
+def _session_params(cand: Candidate) -> dict[str, Any]:
+    return {k: v for k, v in cand.param_dict.items() if k not in REWRITE_KEYS}
+
+
+def _available(model: Model, info: AgentInfo) -> bool:
+    return model.format == "onnx" and "onnxruntime" in info.runtimes
+
+
+class OrtInt8Space:
+    name = "ort-int8"
+
+    def candidates(self, model: Model, info: AgentInfo) -> list[Candidate]:
+        if not _available(model, info):
+            return []
+        out = [Candidate.make("ort", {"precision": "int8", "quant": v}) for v in INT8_VARIANTS]
+        for t in fusion_types(model):
+            out.append(Candidate.make("ort", {"precision": "int8", "quant": "dynamic-matmul", "rewrite": f"fuse-{t}"}))
+        return out
+
+    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
+        p = cand.param_dict
+        variant = str(p["quant"])
+        model = workload.model
+        src, payload = model.path, {"model": model.sha256, "quant": variant, "rewrite": p.get("rewrite")}
+        if p.get("rewrite"):
+            mtype = str(p["rewrite"]).removeprefix("fuse-")
+            src = _cached(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
+                          lambda d: fuse(model.path, mtype, d))
+        feeds = None
+        if variant in STATIC:
+            feeds = calibration_feeds(workload)
+            payload["calibration"] = [hashlib.sha256(b"".join(a.tobytes() for a in f.values())).hexdigest()[:16]
+                                      for f in feeds]
+        art = _cached(cache_dir, "ort-int8", payload, lambda d: quantize(src, variant, feeds, d))
+        return Prepared("ort", art, _session_params(cand))
+
+
+class OrtFusedSpace:
+    name = "ort-fused"
+
+    def candidates(self, model: Model, info: AgentInfo) -> list[Candidate]:
+        if not _available(model, info):
+            return []
+        return [Candidate.make("ort", {"rewrite": f"fuse-{t}"}) for t in fusion_types(model)]
+
+    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
+        mtype = str(cand.param_dict["rewrite"]).removeprefix("fuse-")
+        model = workload.model
+        art = _cached(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
+                      lambda d: fuse(model.path, mtype, d))
+        return Prepared("ort", art, _session_params(cand))
+
+
+INT8 = OrtInt8Space()
+FUSED = OrtFusedSpace()

@@ -79,6 +79,36 @@ class Model:
         return self.path.stem
 
 
+def external_data_files(path: Path) -> list[str]:
+    """The external-data files an ONNX model refers to (its ``location`` entries, relative to the
+    model's directory), so that whoever moves the model moves them too; [] for a self-contained
+    model or any other file. A location that is not a plain name in the model's own directory
+    (absolute, or with a directory part) is refused: a model must not make edgetune read or write
+    other files."""
+    if path.suffix != ".onnx":
+        return []
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return []  # not loadable: the job fails with the runtime's own error
+    out: list[str] = []
+    tensors = list(m.graph.initializer)
+    for node in m.graph.node:  # Constant nodes may hold external tensors too
+        tensors += [a.t for a in node.attribute if a.HasField("t")]
+    for t in tensors:
+        if not uses_external_data(t):
+            continue
+        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        if not loc or Path(loc).name != loc or loc in (".", ".."):
+            raise UserInputError(f"{path.name}: external data location {loc!r} is not a file next to the model")
+        if loc not in out:
+            out.append(loc)
+    return out
+
+
 @dataclass(frozen=True)
 class Deadline:
     """When host-side work on a model must stop: a ``time.monotonic()`` instant and the budget it

@@ -33,6 +33,7 @@ from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
 from edgetune.private import private_dir
 from edgetune.text import device_text
+from edgetune.workload import external_data_files
 
 PROTOCOL = 3
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
@@ -177,6 +178,7 @@ class AgentClient:
         self._agent_digests: dict[str, str] = {}  # remote path -> sha256 it must have before every use
         self.agent_repushes = 0  # times the agent on the device differed from ours and was pushed again
         self._pushed: set[str] = set()
+        self._digests: dict[tuple, str] = {}
         self._lock = threading.Lock()
         self._native = False
 
@@ -368,13 +370,36 @@ class AgentClient:
         self._info = None
 
     # ------------------------------------------------------------------------------- jobs
+    def _digest(self, path: Path) -> str:
+        """sha256 of a local file, remembered by (path, size, mtime): a model's external data can be
+        gigabytes, and every job of a candidate names the same artifact."""
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in self._digests:
+            self._digests[key] = sha256_file(path)
+        return self._digests[key]
+
     def _ensure_artifact(self, path: Path) -> tuple[str, str]:
-        digest = sha256_file(path)
-        remote = f"{self.workdir}/artifacts/{digest}{path.suffix}"
+        digest = self._digest(path)
+        extra = external_data_files(path)
+        if not extra:
+            remote = f"{self.workdir}/artifacts/{digest}{path.suffix}"
+            files = [(path, remote)]
+        else:
+            # an ONNX model with external data: the model and its data files in a directory of their own,
+            # under the names the model refers to, named by the digest of them all
+            parts = [(path, digest)] + [(path.parent / x, self._digest(path.parent / x)) for x in extra]
+            rdir = f"{self.workdir}/artifacts/" + hashlib.sha256(
+                json.dumps([[p.name, d] for p, d in parts]).encode()).hexdigest()[:32]
+            remote = f"{rdir}/model{path.suffix}"
+            files = [(path.parent / x, f"{rdir}/{x}") for x in extra] + [(path, remote)]
+            if remote not in self._pushed:
+                self._must(["mkdir", "-p", rdir], "creating an artifact dir")
         if remote not in self._pushed:
-            c = self._run(["sha256sum", remote], timeout=60)
-            if not (c.ok and c.text().split()[:1] == [digest]):
-                self._push_verified(path, remote)
+            have = self._remote_sha256([r for _, r in files])
+            for local, r in files:
+                if have.get(r) != self._digest(local):
+                    self._push_verified(local, r)
             self._pushed.add(remote)
         return remote, digest
 

@@ -50,9 +50,10 @@ from typing import Any
 from edgetune.agent.host import AgentInfo
 from edgetune.candidate import REWRITE_KEYS, Candidate
 from edgetune.space import BuildFailed, Prepared
-from edgetune.workload import Model, Workload, build_workload
+from edgetune.workload import Model, Workload, build_workload, external_data_files
 
 CALIBRATION_SETS = 8
+EXTERNAL_BYTES = 1_500_000_000  # a rewritten model this big is written with external data
 INT8_VARIANTS = ("dynamic-matmul", "dynamic", "qdq-u8s8", "qdq-s8s8", "qdq-u8s8-rr")
 STATIC = {"qdq-u8s8": ("QUInt8", False), "qdq-s8s8": ("QInt8", False), "qdq-u8s8-rr": ("QUInt8", True)}
 
@@ -92,18 +93,34 @@ def _quiet():
         logging.disable(logging.NOTSET)
 
 
+def _big(path: Path) -> bool:
+    """Past protobuf's 2 GiB limit (or already external): rewrite with external data."""
+    return bool(external_data_files(path)) or path.stat().st_size > EXTERNAL_BYTES
+
+
 def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], make) -> Path:
+    """The artifact ``make(tmp_dir)`` builds, cached in a directory of its own per key (a model and
+    its external data files, if any), built in a temporary directory and renamed into place."""
     key = hashlib.sha256(json.dumps({**payload, "ort": _ort_version()}, sort_keys=True).encode()).hexdigest()[:20]
     d = cache_dir / kind
     d.mkdir(parents=True, exist_ok=True)
-    out = d / f"{key}.onnx"
-    if out.exists():
-        return out
+    final = d / key
+    done = list(final.glob("*.onnx")) if final.is_dir() else []
+    if done:
+        return done[0]
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=d))
     try:
         with _quiet():
             made = make(tmp)
-        os.replace(made, out)
+        for f in tmp.iterdir():  # keep only the model and its external data
+            if f != made and f.name not in external_data_files(made):
+                f.unlink() if f.is_file() else shutil.rmtree(f)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another build of the same key won the race: use it
+            if not list(final.glob("*.onnx")):
+                raise
+        return final / made.name
     except BuildFailed:
         raise
     except Exception as exc:  # the rewriting library's own error: this candidate's build failure
@@ -111,7 +128,6 @@ def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], make) -> Path:
         raise BuildFailed(f"{kind}: {first[:300]}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def fuse(model_path: Path, model_type: str, out_dir: Path) -> Path:
@@ -126,7 +142,7 @@ def fuse(model_path: Path, model_type: str, out_dir: Path) -> Path:
     if not fused:
         raise BuildFailed(f"fuse-{model_type}: the transformer optimizer found nothing to fuse in this graph")
     out = out_dir / "fused.onnx"
-    m.save_model_to_file(str(out))
+    m.save_model_to_file(str(out), use_external_data_format=_big(model_path))
     return out
 
 
@@ -162,17 +178,22 @@ def quantize(src: Path, variant: str, feeds: list[dict[str, Any]] | None, out_di
 
         # DefaultTensorType: a fused graph has contrib ops (Attention, ...) shape inference cannot type
         quantize_dynamic(str(src), str(out), op_types_to_quantize=ops, weight_type=QuantType.QInt8,
+                         use_external_data_format=_big(src),
                          extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
         return out
     act, rr = STATIC[variant]
-    pre = out_dir / "pre.onnx"
-    try:
-        from onnxruntime.quantization.shape_inference import quant_pre_process
+    big = _big(src)
+    pre = src
+    if not big:  # pre-processing (shape inference, folding) is an optimisation of the recipe, not required
+        try:
+            from onnxruntime.quantization.shape_inference import quant_pre_process
 
-        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-    except Exception:
-        shutil.copyfile(src, pre)  # pre-processing is an optimisation of the recipe, not required
+            quant_pre_process(str(src), str(out_dir / "pre.onnx"), skip_symbolic_shape=True)
+            pre = out_dir / "pre.onnx"
+        except Exception:
+            pre = src
     quantize_static(str(pre), str(out), _Reader(feeds or []), quant_format=QuantFormat.QDQ, per_channel=True,
+                    use_external_data_format=big,
                     reduce_range=rr, activation_type=getattr(QuantType, act), weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax,
                     extra_options={"ActivationSymmetric": act == "QInt8", "WeightSymmetric": True})

@@ -54,7 +54,8 @@ from edgetune.workload import Model, Workload, build_workload, external_data_fil
 
 CALIBRATION_SETS = 8
 EXTERNAL_BYTES = 1_500_000_000  # a rewritten model this big is written with external data
-INT8_VARIANTS = ("dynamic-matmul", "dynamic", "qdq-u8s8", "qdq-s8s8", "qdq-u8s8-rr")
+# in this order --max-candidates samples them (every len/n-th): the MatMul-only and the static recipes first
+INT8_VARIANTS = ("dynamic-matmul", "qdq-u8s8", "dynamic", "qdq-s8s8", "qdq-u8s8-rr")
 STATIC = {"qdq-u8s8": ("QUInt8", False), "qdq-s8s8": ("QInt8", False), "qdq-u8s8-rr": ("QUInt8", True)}
 
 
@@ -196,7 +197,9 @@ def quantize(src: Path, variant: str, feeds: list[dict[str, Any]] | None, out_di
                     use_external_data_format=big,
                     reduce_range=rr, activation_type=getattr(QuantType, act), weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax,
-                    extra_options={"ActivationSymmetric": act == "QInt8", "WeightSymmetric": True})
+                    # one calibration batch in memory at a time: a big model's activations are gigabytes
+                    extra_options={"ActivationSymmetric": act == "QInt8", "WeightSymmetric": True,
+                                   "CalibMaxIntermediateOutputs": 1})
     return out
 
 

@@ -53,6 +53,9 @@ class CandidateSummary:
     race_vs_best_baseline: RaceRatio | None = None
     # approximate candidates: the worst accuracy over all its records (edgetune/accuracy.py)
     accuracy: dict[str, Any] | None = None
+    # where its nodes ran, when the device reported it (a provider other than the CPU's): the
+    # record with the smallest share on the intended provider
+    placement: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +70,7 @@ class CandidateSummary:
             "race_speedup_vs_default": _ratio_dict(self.race_vs_default),
             "race_speedup_vs_best_baseline": _ratio_dict(self.race_vs_best_baseline),
             "approximate": self.candidate.approximate, "accuracy": self.accuracy,
+            "placement": self.placement, "placement_label": placement_label(self.placement),
         }
 
 
@@ -184,7 +188,38 @@ def _candidate(key: str, recs: list[RecordRow], conf: Confirmation) -> Candidate
         max(_finite([r.verdict.get("max_abs_err") for r in recs]), default=None),
         max(_finite([r.verdict.get("max_rel_err") for r in recs]), default=None),
         samples=samples, confirm_rounds=[confirm_index(r.round) for r in confirm], confirm_stats=confirm_stats,
-        accuracy=_worst_accuracy(recs))
+        accuracy=_worst_accuracy(recs), placement=_worst_placement(recs))
+
+
+def placement_share(p: dict[str, Any] | None) -> float | None:
+    """Share of the nodes that ran on the intended provider (None: unknown)."""
+    if not p or "nodes" not in p:
+        return None
+    total = sum(p["nodes"].values())
+    return p["nodes"].get(p.get("intended"), 0) / total if total else None
+
+
+def placement_label(p: dict[str, Any] | None) -> str | None:
+    """"all 57 nodes on Xnnpack", "fell back: 12 of 57 nodes on Xnnpack, the rest on CPU", or why unknown."""
+    if not p:
+        return None
+    if "error" in p:
+        return f"placement unknown: {p['error']}"
+    short = lambda n: str(n).replace("ExecutionProvider", "")  # noqa: E731
+    total = sum(p["nodes"].values())
+    mine = p["nodes"].get(p.get("intended"), 0)
+    if total and mine == total:
+        return f"all {total} nodes on {short(p['intended'])}"
+    others = ", ".join(f"{short(k)} {v}" for k, v in sorted(p["nodes"].items()) if k != p.get("intended"))
+    return f"fell back: {mine} of {total} nodes on {short(p['intended'])} ({others})"
+
+
+def _worst_placement(recs: list[RecordRow]) -> dict[str, Any] | None:
+    ps = [r.verdict["placement"] for r in recs if isinstance(r.verdict.get("placement"), dict)]
+    if not ps:
+        return None
+    known = [p for p in ps if placement_share(p) is not None]
+    return min(known, key=lambda p: placement_share(p)) if known else ps[0]
 
 
 def _worst_accuracy(recs: list[RecordRow]) -> dict[str, Any] | None:

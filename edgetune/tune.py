@@ -116,6 +116,12 @@ def _run_id(device: str, model: Model, info: AgentInfo, points: list[dict[str, i
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def wants_placement(prep: Prepared) -> bool:
+    """An onnxruntime candidate for a provider other than the CPU's: the one kind that can fall back."""
+    return prep.backend == "ort" and prep.params.get("execution_provider", "CPUExecutionProvider") not in (
+        "CPUExecutionProvider",)
+
+
 class DeviceTuner:
     """Tunes one model on one device; owns that device's agent client."""
 
@@ -188,7 +194,9 @@ class DeviceTuner:
                   warmup_ms=min(50.0, max(5.0, budget_ms / 5)), timeout_s=self.cfg.timeout_s + budget_ms / 1e3 * 3,
                   # the device's bounds on a candidate (devices.toml: memory_mb, max_procs)
                   memory_mb=int(self.spec.options.get("memory_mb", MEMORY_MB)),
-                  max_procs=int(self.spec.options.get("max_procs", MAX_PROCS)))
+                  max_procs=int(self.spec.options.get("max_procs", MAX_PROCS)),
+                  # an accelerator may take only part of the graph: ask where the nodes ran
+                  placement=wants_placement(prep))
         return self._with_retries(lambda: self.client.run_job(job), "running a job")
 
     def _verify(self, wl: Workload, res: JobResult, cand: Candidate | None = None) -> Verdict:
@@ -251,7 +259,8 @@ class DeviceTuner:
                        fingerprint_key=info.fingerprint_key, candidate=cand.as_dict(),
                        versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
                        reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state, "fresh_seed": res.fresh_seed,
-                                                       "load_ms": res.load_ms, **tags},
+                                                       "load_ms": res.load_ms, **tags,
+                                                       **({"placement": res.placement} if res.placement else {})},
                        samples_ns=res.samples_ns, wall_ms=wall,
                        agent_ms=res.agent_ms)
             self.store.add_record(**rec)

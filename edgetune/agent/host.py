@@ -107,6 +107,7 @@ class Job:
     probe_pairs: int = PROBE_PAIRS
     memory_mb: int | None = MEMORY_MB
     max_procs: int | None = MAX_PROCS
+    placement: bool = False  # also report which execution provider ran each node (Python agent, onnxruntime)
 
     def max_bundle_bytes(self) -> int:
         """The most a correct agent can send back for this job: every output array of every input
@@ -150,6 +151,8 @@ class JobResult:
     invalid: str = ""  # the device's answer broke the protocol (validate.py): the verdict code it gets
     fault: dict[str, str] | None = None  # judge backend: {"code", "detail"} of what the kernel did
     backend_info: dict[str, Any] = field(default_factory=dict)  # how the backend ran (sandbox, ...)
+    # {"intended": provider, "nodes": {provider: count}} or {"error": why} when asked for; None otherwise
+    placement: dict[str, Any] | None = None
     wall_ms: float = 0.0  # host-side wall time of the whole job (transfer + process + run)
     agent_ms: float = 0.0  # time of the remote agent command alone
 
@@ -443,6 +446,7 @@ class AgentClient:
                     "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
                     "max_iters": job.max_iters, "fresh_seed": job.fresh_seed, "check_iters": job.check_iters,
                     "check_fastest": job.check_fastest, "probe_pairs": job.probe_pairs,
+                    **({"placement": True} if job.placement else {}),
                     # the agent's supervisor stops the job before the host gives up on the command
                     "limits": {"memory_mb": job.memory_mb, "max_procs": job.max_procs,
                                "timeout_s": max(1.0, job.timeout_s - 2.0)},

@@ -363,4 +363,19 @@ def job_result(files: dict[str, bytes], job: "Job", agent_ns: float, result_cls:
             raise Invalid("late_change must be an object")
         res.late_change = clean_map(late, "late_change", 4096)
     res.input_check = _str(data.get("input_check", ""), "input_check", 200)
+    if job.placement and data.get("placement") is not None:
+        res.placement = _placement(data["placement"])
     return res
+
+
+def _placement(p: Any) -> dict[str, Any]:
+    """``{"intended": provider, "nodes": {provider: count}}`` or ``{"error": text}``, bounded."""
+    if not isinstance(p, dict):
+        raise Invalid("placement must be an object")
+    if "error" in p:
+        return {"error": _str(p["error"], "placement error", 300)}
+    nodes = p.get("nodes")
+    if not isinstance(nodes, dict) or len(nodes) > 64:
+        raise Invalid("placement nodes must be an object of at most 64 providers")
+    return {"intended": _str(p.get("intended"), "placement intended", 100),
+            "nodes": {_str(k, "a provider name", 100): _int(v, "a node count", 0, 10_000_000) for k, v in nodes.items()}}

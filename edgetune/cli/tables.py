@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edgetune.report import fmt_err, fmt_ms, fmt_speedup
+from edgetune.results import placement_label
 from edgetune.results import RunSummary
 from edgetune.text import device_text, plain
 
@@ -31,6 +32,9 @@ def run_tables(summary: RunSummary) -> list[Table]:
                       else Text.assemble(("failed", "red"), ": ", device_text(c.reason)))
             if c.status == "verified" and c.phase == "screened":
                 status.append(" (screened)")
+            where = placement_label(c.placement)
+            if where:
+                status.append(Text.assemble("; ", (device_text(where), "yellow" if "fell back" in where else "")))
             key = plain(c.candidate.key())
             if c.stats:
                 t.add_row(label, key, status, fmt_ms(c.stats.median_ns),

@@ -130,7 +130,8 @@ def markdown(rep: dict[str, Any]) -> str:
                 sp = c["speedup_vs_default"]
                 sp_txt = (f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] {sp['verdict']}"
                           if sp else "—")
-                status = t(c["status"] + (f": {c['reason']}" if c["reason"] else ""))
+                status = t(c["status"] + (f": {c['reason']}" if c["reason"] else "")
+                           + (f"; {c['placement_label']}" if c.get("placement_label") else ""))
                 mark = " **best**" if c["candidate"]["key"] == s["best"] else ""
                 # GFM: a | inside a table cell's code span is written \|
                 label, key, phase = t(c["label"]), md_code(c["candidate"]["key"]).replace("|", "\\|"), t(c["phase"])

@@ -127,7 +127,8 @@ def render(rep: dict[str, Any]) -> str:
                 st, sp = c["stats"], c["speedup_vs_default"]
                 cls = "best" if c["candidate"]["key"] == s["best"] else ("failed" if c["status"] != "verified" else "")
                 key = e(c["candidate"]["key"])
-                status = e(c["status"] + (f": {c['reason']}" if c["reason"] else ""))
+                status = e(c["status"] + (f": {c['reason']}" if c["reason"] else "")
+                           + (f"; {c['placement_label']}" if c.get("placement_label") else ""))
                 err = e(fmt_err(c))
                 spt = f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] {e(sp['verdict'])}" if sp else "—"
                 if st:

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from models._onnx import IR_VERSION, OPSET, PRODUCER_NAME, OnnxGraph, producer_version
 
-NO_TFLITE = "no ONNX→TFLite converter in this environment"
+NO_TFLITE = "no ONNX→TFLite converter in this environment (ai_edge_litert runs .tflite files, it does not convert)"
 NEG = -1e9  # additive mask value for masked attention scores (exp underflows to exactly 0)
 _TWO_GIB = 1 << 31
 

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from models._onnx import OnnxGraph, float_input
+from models.zoo._nn import NO_TFLITE as TFLITE_REASON  # noqa: F401 - one wording for the whole zoo
 
 # 1 / sqrt(E[act(x)^2]) for x ~ N(0, 1): the weight gain that keeps the second moment at 1
 GAIN = {
@@ -27,7 +28,6 @@ GAIN = {
     "hswish": 1.5,
 }
 BN_EPS = 1e-5
-TFLITE_REASON = "no ONNX->TFLite converter in this environment (ai_edge_litert runs .tflite, it does not convert)"
 
 
 class VisionNet:

@@ -241,6 +241,7 @@ def _write(tmp: Path, runs: list, no_models: bool) -> None:
             "command": config.get("command", ""), "config": config, "model_sha256": sha,
             "points": config.get("points", [s["shape"] for s in sdict["shapes"]]),
             "seed": int(config.get("seed", 0)), "user_inputs": run_inputs, "shapes": shapes,
+            "accuracy": config.get("accuracy") or {},
             "records": [{"id": r.id, "shape": r.shape, "shape_key": r.shape_key, "workload_key": r.workload_key,
                          "candidate_key": r.candidate_key, "candidate": r.candidate, "round": r.round,
                          "status": r.status, "reason": r.reason, "verdict": r.verdict,
@@ -406,6 +407,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
                 budget_s: float = 30.0, inventory: Any = None) -> dict[str, Any]:
     """Re-run a package on ``device`` (``edgetune repro check``): the JSON document edgetune.repro/1."""
     from edgetune.api import fresh_seed, verify_config
+    from edgetune.accuracy import AccuracyBudget
     from edgetune.candidate import Candidate
     from edgetune.db import Store
     from edgetune.devices.inventory import Inventory
@@ -446,8 +448,11 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
             user_inputs = load_user_inputs(ui_items)
             store = Store(db)
             try:
+                # an approximate candidate is held to the accuracy budget it was selected under
+                acc = AccuracyBudget(**{k: float(v) for k, v in (run.get("accuracy") or {}).items()
+                                        if k in ("cosine", "max_abs", "top1")})
                 cfg = TuneConfig(budget_s=budget_s, rounds=rounds, finalists=3, confirm_rounds=0, spaces=(),
-                                 seed=rec_seed, timeout_s=60.0)
+                                 seed=rec_seed, timeout_s=60.0, accuracy=acc)
                 tuner = DeviceTuner(spec, store, cfg)
                 info = tuner.info()
                 same = info.fingerprint_key == run["fingerprint_key"]

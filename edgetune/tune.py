@@ -32,7 +32,7 @@ from edgetune.db import LeaseLost, Store
 from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home, home_subdir
 from edgetune.errors import (AuthError, DeviceError, DeviceUnreachable, EdgetuneError, HostKeyMismatch, StoreError,
                              UserInputError)
-from edgetune.kernels.device_measure import device_peak_gflops
+from edgetune.kernels.device_measure import device_peaks
 from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
@@ -136,7 +136,7 @@ class DeviceTuner:
         self.jobs_run = 0
         self.jobs_skipped = 0
         self.cache_dir = edgetune_home() / "artifacts"
-        self._peak: tuple[float | None] | None = None
+        self._peak: tuple[float | None, float | None] | None = None  # (fp32 GFLOP/s, int8 GOP/s)
 
     # ---- device access with bounded retries -------------------------------------------
     def _with_retries(self, fn, what: str):
@@ -202,9 +202,10 @@ class DeviceTuner:
     def _verify(self, wl: Workload, res: JobResult, cand: Candidate | None = None) -> Verdict:
         info = self.info()
         if self._peak is None:  # once per device: a roofline needs the device's clock and ISA
-            self._peak = (device_peak_gflops(self.client, info),)
+            self._peak = device_peaks(self.client, info)
+        int8 = bool(cand and cand.param_dict.get("precision") == "int8")  # its roofline: the int8 peak
         return verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
-                          flops=wl.flops(), peak_gflops=self._peak[0], timings_trusted=not info.emulated,
+                          flops=wl.flops(), peak_gflops=self._peak[1 if int8 else 0], timings_trusted=not info.emulated,
                           approximate=bool(cand and cand.approximate), budget=self.cfg.accuracy)
 
     # ---- one shape point -------------------------------------------------------------------

@@ -310,8 +310,14 @@ def device_target(info: AgentInfo, cpuinfo: str = "") -> tuple[dict[str, Any], s
 def device_peak_gflops(client: AgentClient, info: AgentInfo) -> float | None:
     """The device's fp32 peak (cores x clock x FMA lanes x 2) for the roofline check; None when a
     factor is unknown (then no timing is rejected as impossible)."""
+    return device_peaks(client, info)[0]
+
+
+def device_peaks(client: AgentClient, info: AgentInfo) -> tuple[float | None, float | None]:
+    """(fp32 peak GFLOP/s, int8 peak GOP/s) of the device, each None when unknown."""
     try:
         c = client.transport.run(["cat", "/proc/cpuinfo"], timeout=30)
-        return device_kernel_target(info, c.text() if c.ok else "").fp32_peak_gflops()
+        t = device_kernel_target(info, c.text() if c.ok else "")
+        return t.fp32_peak_gflops(), t.int8_peak_gops()
     except (UserInputError, DeviceError):
-        return None
+        return None, None

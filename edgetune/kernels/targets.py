@@ -63,6 +63,19 @@ class KernelTarget:
             return None
         return self.cores * self.max_freq_ghz * self.fma_lanes_per_cycle * 2
 
+    def int8_peak_gops(self) -> float | None:
+        """An upper bound on int8 multiply-add throughput (ops/s, 2 per MAC), for the roofline of
+        int8 candidates: the fp32 peak times the most int8 MACs an instruction set does per fp32 FMA
+        (AMX-INT8 32x, ARM i8mm 8x, VNNI / dot-product 4x, plain SIMD 2x). Generous on purpose: an
+        impossible timing must be impossible, not merely unusual."""
+        fp32 = self.fp32_peak_gflops()
+        if fp32 is None:
+            return None
+        f = set(self.features)
+        mult = (32 if "+amx-int8" in f else 8 if "+i8mm" in f
+                else 4 if f & {"+avx512vnni", "+avxvnni", "+dotprod"} else 2)
+        return fp32 * mult
+
     def with_tvm_target(self, **attrs: Any) -> "KernelTarget":
         tt = copy.deepcopy(self.tvm_target)
         tt.update(attrs)

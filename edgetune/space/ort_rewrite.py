@@ -13,7 +13,8 @@ selectable only within the user's ``--accuracy`` budget, edgetune/accuracy.py):
 * ``dynamic``: ``quantize_dynamic`` of every op it supports (Conv too);
 * ``qdq-u8s8`` / ``qdq-s8s8``: ``quantize_static`` in QDQ format, per-channel weights, activations
   uint8 / int8, MinMax-calibrated on ``CALIBRATION_SETS`` seeded inputs at the shape point (seeds
-  of their own: never the inputs the candidate is verified on) plus the user's ``--input`` set;
+  of their own: never the inputs the candidate is verified on; ``BIG_CALIBRATION_SETS`` for a model
+  past 1.5 GB, whose activations take gigabytes a set) plus the user's ``--input`` set;
 * ``qdq-u8s8-rr``: the same with ``reduce_range`` (7-bit weights, for CPUs without VNNI, whose
   u8s8 dot products can saturate);
 * on models the transformer optimizer fuses, ``fused+dynamic-matmul``: fused first, then
@@ -53,6 +54,7 @@ from edgetune.space import BuildFailed, Prepared
 from edgetune.workload import Model, Workload, build_workload, external_data_files
 
 CALIBRATION_SETS = 8
+BIG_CALIBRATION_SETS = 2
 EXTERNAL_BYTES = 1_500_000_000  # a rewritten model this big is written with external data
 # in this order --max-candidates samples them (every len/n-th): the MatMul-only and the static recipes first
 INT8_VARIANTS = ("dynamic-matmul", "qdq-u8s8", "dynamic", "qdq-s8s8", "qdq-u8s8-rr")
@@ -165,7 +167,10 @@ def calibration_feeds(wl: Workload) -> list[dict[str, Any]]:
     from the workload's, never the verification inputs) and the user's ``--input`` set when given."""
     seed = int.from_bytes(hashlib.sha256(f"edgetune-calibration:{wl.seed}".encode()).digest()[:4], "little")
     user = dict(zip(wl.input_names, wl.input_sets[-1])) if wl.user_input_sets else {}
-    cal = build_workload(wl.model, wl.bindings, user, n_seeded=CALIBRATION_SETS, seed=seed)
+    # the calibrator keeps every set's activations in memory (onnxruntime 1.20's option to bound that
+    # drops the data it collected): a model past 1.5 GB (gigabytes of activations a set) gets fewer
+    n = CALIBRATION_SETS if not _big(wl.model.path) else BIG_CALIBRATION_SETS
+    cal = build_workload(wl.model, wl.bindings, user, n_seeded=n, seed=seed)
     return [dict(zip(cal.input_names, s)) for s in cal.input_sets]
 
 
@@ -197,9 +202,7 @@ def quantize(src: Path, variant: str, feeds: list[dict[str, Any]] | None, out_di
                     use_external_data_format=big,
                     reduce_range=rr, activation_type=getattr(QuantType, act), weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax,
-                    # one calibration batch in memory at a time: a big model's activations are gigabytes
-                    extra_options={"ActivationSymmetric": act == "QInt8", "WeightSymmetric": True,
-                                   "CalibMaxIntermediateOutputs": 1})
+                    extra_options={"ActivationSymmetric": act == "QInt8", "WeightSymmetric": True})
     return out
 
 

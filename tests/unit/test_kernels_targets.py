@@ -50,6 +50,12 @@ def test_x86_refinement_and_peak():
     assert t.fp32_peak_gflops() == pytest.approx(2 * 2.3 * 32 * 2)
     no512 = refine_from_cpuinfo(load_target("host-x86_64"), X86_CPUINFO.replace(" avx512f", ""))
     assert no512.fma_lanes_per_cycle == 16
+    # int8 candidates are held to the int8 peak: VNNI does 4 int8 MACs per fp32 FMA, AMX-INT8 32
+    assert t.int8_peak_gops() == pytest.approx(4 * t.fp32_peak_gflops())
+    amx = refine_from_cpuinfo(load_target("host-x86_64"), X86_CPUINFO.replace(" avx512_vnni", " avx512_vnni amx_int8"))
+    assert amx.int8_peak_gops() == pytest.approx(32 * amx.fp32_peak_gflops())
+    plain = refine_from_cpuinfo(load_target("host-x86_64"), X86_CPUINFO.replace(" avx512_vnni", ""))
+    assert plain.int8_peak_gops() == pytest.approx(2 * plain.fp32_peak_gflops())
 
 
 def test_aarch64_refinement_and_peak():
@@ -58,6 +64,7 @@ def test_aarch64_refinement_and_peak():
     assert t.tvm_target["mtriple"] == "aarch64-linux-gnu"
     assert t.cores == 8
     assert t.fp32_peak_gflops() == pytest.approx(8 * 2.4 * 8 * 2)
+    assert t.int8_peak_gops() == pytest.approx(8 * t.fp32_peak_gflops())  # i8mm
     assert cpuinfo_features("Features\t: fp asimd\n", "aarch64") == ["+neon"]
     # no frequency known -> no peak claimed
     assert refine_from_cpuinfo(load_target("linux-aarch64"), A64_CPUINFO).fp32_peak_gflops() is None

@@ -21,7 +21,7 @@ from edgetune.devices.inventory import Inventory, edgetune_home
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
-from edgetune.space import BuildFailed, space_of
+from edgetune.space import APPROXIMATE_SPACES, BuildFailed, space_of
 from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, _versions
 from edgetune.tune import tune as _tune
 from edgetune.workload import build_workload, load_model, load_user_inputs, parse_dims, shape_points
@@ -43,10 +43,21 @@ def resolve_model(name_or_path: str) -> str:
 
 
 def tune(model: str, devices: Sequence[str] = ("local",), *, budget_s: float = 60.0, sweeps: Sequence[str] = (),
-         dims: Sequence[str] = (), inputs: Sequence[str] = (), db: str | None = None, **cfg: Any) -> TuneOutcome:
+         dims: Sequence[str] = (), inputs: Sequence[str] = (), db: str | None = None,
+         accuracy: str | Sequence[str] | AccuracyBudget | None = None, **cfg: Any) -> TuneOutcome:
+    """Tune MODEL on DEVICES (``edgetune tune``). ``accuracy``: the budget approximate (int8)
+    candidates are selectable within, as for ``--accuracy`` ("cosine=0.999,top1=0.99" or an
+    AccuracyBudget); it adds the approximate spaces. ``cfg``: any other TuneConfig field."""
+    acc = accuracy if isinstance(accuracy, AccuracyBudget) else AccuracyBudget.parse(
+        [accuracy] if isinstance(accuracy, str) else accuracy)
+    if acc.set:
+        cfg["accuracy"] = acc
+        spaces = tuple(cfg.get("spaces") or TuneConfig().spaces)
+        cfg["spaces"] = spaces + tuple(s for s in APPROXIMATE_SPACES if s not in spaces)
+    inventory = cfg.pop("inventory", None)
     config = cfg.pop("config", None) or TuneConfig(budget_s=budget_s, **cfg)
     return _tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=config,
-                 inventory=cfg.pop("inventory", None))
+                 inventory=inventory)
 
 
 def find_candidate(store: Store, key: str) -> Candidate:

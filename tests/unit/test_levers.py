@@ -12,6 +12,7 @@ import pytest
 from edgetune.agent.host import AgentInfo
 from edgetune.api import resolve_model
 from edgetune.candidate import Candidate
+from edgetune.errors import UserInputError
 from edgetune.space import BuildFailed, space_of
 from edgetune.space.ort_rewrite import FUSED, INT8, calibration_feeds, fusion_types
 from edgetune.workload import build_workload, load_model, shape_points
@@ -103,3 +104,14 @@ def test_int8_selected_only_under_a_budget_then_rechecked(tmp_path, home):
 def test_bad_accuracy_is_one_error_line(home):
     for bad in (["--accuracy", "cosine=2"], ["--accuracy", "fast=1"], ["--space", "ort-int9"]):
         assert_one_line_error(run(["tune", "transformer", "--budget", "1", *bad], home), 2)
+
+
+def test_the_python_api_takes_a_budget_too(tmp_path):
+    from edgetune import api
+
+    out = api.tune("transformer", budget_s=6, rounds=1, finalists=1, max_candidates=1, spaces=("ort",),
+                   accuracy="cosine=0.99", db=str(tmp_path / "a.db"))
+    cands = out.devices[0].summary.shapes[0].candidates
+    assert any(c.candidate.approximate and c.status == "verified" and c.accuracy["cosine"] >= 0.99 for c in cands)
+    with pytest.raises(UserInputError):
+        api.tune("transformer", budget_s=6, accuracy="cosine=7")

@@ -44,9 +44,13 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from edgetune.agent.host import AgentInfo
 from edgetune.candidate import REWRITE_KEYS, Candidate
@@ -55,7 +59,8 @@ from edgetune.workload import Model, Workload, build_workload, external_data_fil
 
 CALIBRATION_SETS = 8
 BIG_CALIBRATION_SETS = 2
-EXTERNAL_BYTES = 1_500_000_000  # a rewritten model this big is written with external data
+EXTERNAL_BYTES = 1_500_000_000
+FAILED_MARK = "edgetune-build-failed:"  # a rewritten model this big is written with external data
 # in this order --max-candidates samples them (every len/n-th): the MatMul-only and the static recipes first
 INT8_VARIANTS = ("dynamic-matmul", "qdq-u8s8", "dynamic", "qdq-s8s8", "qdq-u8s8-rr")
 STATIC = {"qdq-u8s8": ("QUInt8", False), "qdq-s8s8": ("QInt8", False), "qdq-u8s8-rr": ("QUInt8", True)}
@@ -101,9 +106,14 @@ def _big(path: Path) -> bool:
     return bool(external_data_files(path)) or path.stat().st_size > EXTERNAL_BYTES
 
 
-def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], make) -> Path:
-    """The artifact ``make(tmp_dir)`` builds, cached in a directory of its own per key (a model and
-    its external data files, if any), built in a temporary directory and renamed into place."""
+def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], spec: dict[str, Any],
+            feeds: list[dict[str, Any]] | None = None) -> Path:
+    """The artifact a rewrite (``spec``: ``fuse`` or ``quantize``, run by ``_child``) builds, cached
+    in a directory of its own per key (a model and its external data files, if any). The rewrite
+    runs in a child process in a temporary directory, renamed into place when it succeeded: the
+    rewriting tools hold several copies of the model in memory, and a model that does not fit is
+    this candidate's build failure (the child is what the kernel's OOM killer stops), not the end of
+    the tune."""
     key = hashlib.sha256(json.dumps({**payload, "ort": _ort_version()}, sort_keys=True).encode()).hexdigest()[:20]
     d = cache_dir / kind
     d.mkdir(parents=True, exist_ok=True)
@@ -113,24 +123,67 @@ def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], make) -> Path:
         return done[0]
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=d))
     try:
-        with _quiet():
-            made = make(tmp)
-        for f in tmp.iterdir():  # keep only the model and its external data
-            if f != made and f.name not in external_data_files(made):
-                f.unlink() if f.is_file() else shutil.rmtree(f)
-        try:
-            os.replace(tmp, final)
-        except OSError:  # another build of the same key won the race: use it
-            if not list(final.glob("*.onnx")):
-                raise
+        out_dir = tmp / "out"
+        out_dir.mkdir()
+        spec = {**spec, "out_dir": str(out_dir)}
+        if feeds is not None:
+            names = list(feeds[0]) if feeds else []
+            np.savez(tmp / "feeds.npz", **{f"s{i}_k{k}": f[n] for i, f in enumerate(feeds) for k, n in enumerate(names)})
+            spec.update(feeds=str(tmp / "feeds.npz"), feed_names=names, feed_sets=len(feeds))
+        (tmp / "spec.json").write_text(json.dumps(spec))
+        p = subprocess.run([sys.executable, "-m", "edgetune.space.ort_rewrite", str(tmp / "spec.json")],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+            mark = [ln for ln in lines if ln.startswith(FAILED_MARK)]
+            if mark:
+                raise BuildFailed(mark[-1][len(FAILED_MARK):].strip())
+            if p.returncode < 0:
+                why = ("killed: out of memory (the rewrite holds several copies of the model)"
+                       if p.returncode == -9 else f"killed by signal {-p.returncode}")
+            else:
+                why = (lines[-1] if lines else f"exit {p.returncode}")[:300]
+            raise BuildFailed(f"{kind}: {why}")
+        made = out_dir / p.stdout.strip().splitlines()[-1]
+        os.replace(out_dir, final)
         return final / made.name
-    except BuildFailed:
-        raise
-    except Exception as exc:  # the rewriting library's own error: this candidate's build failure
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise BuildFailed(f"{kind}: {first[:300]}") from None
+    except OSError as exc:
+        if list(final.glob("*.onnx")):  # another build of the same key won the race: use it
+            return next(final.glob("*.onnx"))
+        raise BuildFailed(f"{kind}: {exc}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _child(spec_path: str) -> int:
+    """``python -m edgetune.space.ort_rewrite SPEC.json``: one rewrite; prints the model's file name
+    (in ``out_dir``, with its external data files and nothing else)."""
+    spec = json.loads(Path(spec_path).read_text())
+    out_dir = Path(spec["out_dir"])
+    try:
+        with _quiet():
+            if spec["op"] == "fuse":
+                made = fuse(Path(spec["src"]), spec["model_type"], out_dir)
+            else:
+                feeds = None
+                if spec.get("feeds"):
+                    z = np.load(spec["feeds"], allow_pickle=False)
+                    feeds = [{n: z[f"s{i}_k{k}"] for k, n in enumerate(spec["feed_names"])}
+                             for i in range(int(spec["feed_sets"]))]
+                made = quantize(Path(spec["src"]), spec["variant"], feeds, out_dir)
+        keep = {made.name, *external_data_files(made)}
+        for f in out_dir.iterdir():  # intermediate files of the recipe (pre-processed, augmented models)
+            if f.name not in keep:
+                f.unlink() if f.is_file() else shutil.rmtree(f)
+    except BuildFailed as exc:
+        print(f"{FAILED_MARK} {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # the rewriting library's own error: this candidate's build failure
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"{FAILED_MARK} {spec['op']}: {first[:300]}", file=sys.stderr)
+        return 3
+    print(made.name)
+    return 0
 
 
 def fuse(model_path: Path, model_type: str, out_dir: Path) -> Path:
@@ -233,13 +286,13 @@ class OrtInt8Space:
         if p.get("rewrite"):
             mtype = str(p["rewrite"]).removeprefix("fuse-")
             src = _cached(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
-                          lambda d: fuse(model.path, mtype, d))
+                          {"op": "fuse", "src": str(model.path), "model_type": mtype})
         feeds = None
         if variant in STATIC:
             feeds = calibration_feeds(workload)
             payload["calibration"] = [hashlib.sha256(b"".join(a.tobytes() for a in f.values())).hexdigest()[:16]
                                       for f in feeds]
-        art = _cached(cache_dir, "ort-int8", payload, lambda d: quantize(src, variant, feeds, d))
+        art = _cached(cache_dir, "ort-int8", payload, {"op": "quantize", "src": str(src), "variant": variant}, feeds)
         return Prepared("ort", art, _session_params(cand))
 
 
@@ -255,9 +308,13 @@ class OrtFusedSpace:
         mtype = str(cand.param_dict["rewrite"]).removeprefix("fuse-")
         model = workload.model
         art = _cached(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
-                      lambda d: fuse(model.path, mtype, d))
+                      {"op": "fuse", "src": str(model.path), "model_type": mtype})
         return Prepared("ort", art, _session_params(cand))
 
 
 INT8 = OrtInt8Space()
 FUSED = OrtFusedSpace()
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -115,3 +115,16 @@ def test_the_python_api_takes_a_budget_too(tmp_path):
     assert any(c.candidate.approximate and c.status == "verified" and c.accuracy["cosine"] >= 0.99 for c in cands)
     with pytest.raises(UserInputError):
         api.tune("transformer", budget_s=6, accuracy="cosine=7")
+
+
+def test_a_rewrite_that_fails_is_the_candidates_build_failure(tmp_path):
+    """The rewrite runs in a child process: its failure (here a corrupt model; on a big model, the
+    OOM killer) is a named build failure and leaves nothing behind, and the tuner goes on."""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07not a model")
+    from edgetune.space.ort_rewrite import _cached
+
+    with pytest.raises(BuildFailed, match="ort-int8|quantize"):
+        _cached(tmp_path / "cache", "ort-int8", {"model": "x"}, {"op": "quantize", "src": str(bad),
+                                                                  "variant": "dynamic-matmul"})
+    assert not [p for p in (tmp_path / "cache" / "ort-int8").iterdir()]  # no half-built model left

@@ -258,6 +258,8 @@ def verify_job(
         if res.fault:  # what the judge's sandbox or harness saw the kernel do
             return Verdict.failed(reason, res.fault["code"])
         if res.limit in _LIMIT_CODES:  # a bound the agent's supervisor enforced
+            if res.limit == "memory":  # the bound is the user's to raise, for a model that needs more
+                reason += " (a device's job memory bound: edgetune devices add NAME URL --memory-mb N)"
             return Verdict.failed(reason, _LIMIT_CODES[res.limit])
         if res.status == "crashed":
             return Verdict.failed(reason, "crashed")

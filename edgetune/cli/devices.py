@@ -12,7 +12,7 @@ from rich.text import Text
 from edgetune.cli.common import Format, FormatOpt, console, emit_json, run_guarded
 from edgetune.cli.examples import epilog
 from edgetune.devices.inventory import Inventory
-from edgetune.errors import EdgetuneError
+from edgetune.errors import EdgetuneError, UserInputError
 from edgetune.text import device_text, plain
 
 app = typer.Typer(no_args_is_help=True, help="The device inventory (local, ssh://, adb://).",
@@ -120,12 +120,21 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
             workdir: Optional[str] = typer.Option(None, "--workdir", help="agent work dir on the device"),
             python: Optional[str] = typer.Option(None, "--python", help="python on the device (default python3)"),
             native: bool = typer.Option(False, "--native", help="always use the native agent"),
+            memory_mb: Optional[int] = typer.Option(None, "--memory-mb",
+                                                    help="memory bound of one job on the device, MB (default 4096)"),
+            max_procs: Optional[int] = typer.Option(None, "--max-procs",
+                                                    help="process bound of one job on the device"),
             inventory: Optional[str] = InvOpt) -> None:
     """Add a device to the inventory."""
     def body():
+        if memory_mb is not None and memory_mb < 64:
+            raise UserInputError(f"--memory-mb {memory_mb}: a job needs at least 64 MB")
+        if max_procs is not None and max_procs < 1:
+            raise UserInputError(f"--max-procs {max_procs}: must be at least 1")
         spec = Inventory(inventory).add(name, url, key=key, known_hosts=known_hosts,
                                         trust_on_first_use=trust_on_first_use or None, workdir=workdir,
-                                        python=python, native=native or None)
+                                        python=python, native=native or None, memory_mb=memory_mb,
+                                        max_procs=max_procs)
         console.print(plain(f"added {spec.name} ({spec.url})"), highlight=False)
     run_guarded(body)
 

@@ -72,6 +72,11 @@ class AccuracyBudget:
                 vals[key] = v
         return cls(**vals)
 
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "AccuracyBudget":
+        """The budget ``as_dict`` wrote (a run's recorded config, a package): unknown keys ignored."""
+        return cls(**{k: float(v) for k, v in (d or {}).items() if k in ("cosine", "max_abs", "top1")})
+
     def as_dict(self) -> dict:
         return {k: v for k, v in (("cosine", self.cosine), ("max_abs", self.max_abs), ("top1", self.top1))
                 if v is not None}

@@ -21,7 +21,7 @@ from edgetune.devices.inventory import Inventory, edgetune_home
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
-from edgetune.space import APPROXIMATE_SPACES, BuildFailed, space_of
+from edgetune.space import BuildFailed, space_of, with_approximate
 from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, _versions
 from edgetune.tune import tune as _tune
 from edgetune.workload import build_workload, load_model, load_user_inputs, parse_dims, shape_points
@@ -52,8 +52,7 @@ def tune(model: str, devices: Sequence[str] = ("local",), *, budget_s: float = 6
         [accuracy] if isinstance(accuracy, str) else accuracy)
     if acc.set:
         cfg["accuracy"] = acc
-        spaces = tuple(cfg.get("spaces") or TuneConfig().spaces)
-        cfg["spaces"] = spaces + tuple(s for s in APPROXIMATE_SPACES if s not in spaces)
+        cfg["spaces"] = with_approximate(tuple(cfg.get("spaces") or TuneConfig().spaces), True)
     inventory = cfg.pop("inventory", None)
     config = cfg.pop("config", None) or TuneConfig(budget_s=budget_s, **cfg)
     return _tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=config,
@@ -174,7 +173,7 @@ def stored_budget(store: Store, candidate_key: str) -> AccuracyBudget:
         acc = config.get("accuracy") if isinstance(config, dict) else None
         if isinstance(acc, dict) and acc:
             try:
-                return AccuracyBudget(**{k: float(v) for k, v in acc.items() if k in ("cosine", "max_abs", "top1")})
+                return AccuracyBudget.from_dict(acc)
             except (TypeError, ValueError):
                 continue
     return AccuracyBudget()

@@ -449,8 +449,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
             store = Store(db)
             try:
                 # an approximate candidate is held to the accuracy budget it was selected under
-                acc = AccuracyBudget(**{k: float(v) for k, v in (run.get("accuracy") or {}).items()
-                                        if k in ("cosine", "max_abs", "top1")})
+                acc = AccuracyBudget.from_dict(run.get("accuracy"))
                 cfg = TuneConfig(budget_s=budget_s, rounds=rounds, finalists=3, confirm_rounds=0, spaces=(),
                                  seed=rec_seed, timeout_s=60.0, accuracy=acc)
                 tuner = DeviceTuner(spec, store, cfg)

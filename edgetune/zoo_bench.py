@@ -162,7 +162,7 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
     from edgetune.accuracy import AccuracyBudget
     import models.zoo as zoo
     from edgetune.devices.inventory import Inventory, home_subdir
-    from edgetune.space import APPROXIMATE_SPACES, SPACES
+    from edgetune.space import SPACES, with_approximate
     from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
 
     emit = progress or (lambda ev: None)
@@ -180,9 +180,7 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
     if shapes not in ("sweep", "nominal"):
         raise UserInputError(f"--shapes must be sweep or nominal, got {shapes!r}")
     acc = AccuracyBudget.parse(accuracy)
-    spaces = tuple(spaces) if spaces else DEFAULT_SPACES
-    if acc.set:
-        spaces += tuple(s for s in APPROXIMATE_SPACES if s not in spaces)
+    spaces = with_approximate(tuple(spaces) if spaces else DEFAULT_SPACES, acc.set)
     bad = [s for s in spaces if s not in SPACES]
     if bad:
         raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")

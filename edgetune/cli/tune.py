@@ -55,7 +55,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     from edgetune.cli.tables import run_tables
     from edgetune.report import markdown, report_dict, write_atomic
     from edgetune.report.html import render
-    from edgetune.space import APPROXIMATE_SPACES, SPACES
+    from edgetune.space import SPACES, with_approximate
     from edgetune.space.adapter import adapter_candidate
     from edgetune.tune import TuneConfig, tune
 
@@ -63,8 +63,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     if tvm_trials > 0 and "tvm-tuned" not in spaces:
         spaces += ("tvm-tuned",)
     budget_acc = AccuracyBudget.parse(accuracy)
-    if budget_acc.set:
-        spaces += tuple(s for s in APPROXIMATE_SPACES if s not in spaces)
+    spaces = with_approximate(spaces, budget_acc.set)
     bad = [s for s in spaces if s not in SPACES]
     if bad:
         raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")

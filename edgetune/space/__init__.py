@@ -18,7 +18,12 @@ from edgetune.workload import Model, Workload
 SPACES = {"ort": "edgetune.space.ort", "tflite": "edgetune.space.tflite", "tvm-relax": "edgetune.space.tvm_relax",
           "tvm-tuned": "edgetune.space.tvm_relax:TUNED", "adapter": "edgetune.space.adapter",
           "ort-int8": "edgetune.space.ort_rewrite:INT8", "ort-fused": "edgetune.space.ort_rewrite:FUSED"}
-APPROXIMATE_SPACES = ("ort-int8",)  # added to the default spaces when the user sets an accuracy budget
+APPROXIMATE_SPACES = ("ort-int8",)  # added to the spaces when the user sets an accuracy budget
+
+
+def with_approximate(spaces: tuple[str, ...], budget_set: bool) -> tuple[str, ...]:
+    """``spaces`` plus the approximate ones when an accuracy budget is set (the user asked for them)."""
+    return spaces + tuple(s for s in APPROXIMATE_SPACES if s not in spaces) if budget_set else spaces
 
 
 @dataclass(frozen=True)

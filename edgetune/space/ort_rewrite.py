@@ -106,6 +106,11 @@ def _big(path: Path) -> bool:
     return bool(external_data_files(path)) or path.stat().st_size > EXTERNAL_BYTES
 
 
+def _built(final: Path) -> Path | None:
+    """The model a finished build left in its cache directory, if any."""
+    return next(final.glob("*.onnx"), None) if final.is_dir() else None
+
+
 def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], spec: dict[str, Any],
             feeds: list[dict[str, Any]] | None = None) -> Path:
     """The artifact a rewrite (``spec``: ``fuse`` or ``quantize``, run by ``_child``) builds, cached
@@ -118,9 +123,9 @@ def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], spec: dict[str,
     d = cache_dir / kind
     d.mkdir(parents=True, exist_ok=True)
     final = d / key
-    done = list(final.glob("*.onnx")) if final.is_dir() else []
+    done = _built(final)
     if done:
-        return done[0]
+        return done
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=d))
     try:
         out_dir = tmp / "out"
@@ -148,8 +153,9 @@ def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], spec: dict[str,
         os.replace(out_dir, final)
         return final / made.name
     except OSError as exc:
-        if list(final.glob("*.onnx")):  # another build of the same key won the race: use it
-            return next(final.glob("*.onnx"))
+        done = _built(final)  # another build of the same key won the race: use it
+        if done:
+            return done
         raise BuildFailed(f"{kind}: {exc}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 # parameters that say how the MODEL is rewritten on the host (edgetune/space/ort_rewrite.py), not
 # how the runtime is configured: the agent never sees them
-REWRITE_KEYS = frozenset({"precision", "quant", "rewrite"})
+REWRITE_KEYS = frozenset({"precision", "quant", "rewrite", "hybrid", "kernel_trials"})
 APPROXIMATE_PRECISIONS = frozenset({"int8", "fp16", "bf16"})
 
 

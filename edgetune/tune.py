@@ -173,8 +173,8 @@ class DeviceTuner:
                 space = load_space(name)
             except (KeyError, ImportError):
                 continue
-            cands = (space.candidates(model, info, self.cfg.tvm_trials) if name == "tvm-tuned"
-                     else space.candidates(model, info))
+            cands = (space.candidates(model, info, self.cfg.tvm_trials)
+                     if name == "tvm-tuned" or getattr(space, "wants_trials", False) else space.candidates(model, info))
             if self.cfg.max_candidates is not None and cands:
                 base = [c for c in cands if c.baseline]
                 rest = [c for c in cands if not c.baseline]
@@ -225,6 +225,8 @@ class DeviceTuner:
                         extra: dict[str, Any] = {}
                         if getattr(space, "wants_spec", False):
                             extra["spec"] = self.spec
+                        if getattr(space, "wants_store", False):  # a build that records sessions of its own
+                            extra["db"] = str(self.store.path)
                         if getattr(space, "wants_progress", False):  # long builds (tvm-tuned) report as they go
                             extra["progress"] = lambda ev, _label=cand.label(): self.progress(
                                 {"event": "build", "device": self.spec.name, "shape": wl.shape_label,

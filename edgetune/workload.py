@@ -80,11 +80,12 @@ class Model:
 
 
 def external_data_files(path: Path) -> list[str]:
-    """The external-data files an ONNX model refers to (its ``location`` entries, relative to the
-    model's directory), so that whoever moves the model moves them too; [] for a self-contained
-    model or any other file. A location that is not a plain name in the model's own directory
-    (absolute, or with a directory part) is refused: a model must not make edgetune read or write
-    other files."""
+    """The files an ONNX model refers to, relative to the model's directory, so that whoever moves
+    the model moves them too: its external data (``location`` entries) and the companion files of
+    a hybrid model (the custom-op library and the kernels it names in its ``edgetune:companions``
+    metadata, edgetune/space/ort_tvm.py); [] for a self-contained model or any other file. A name
+    that is not a plain file in the model's own directory (absolute, or with a directory part) is
+    refused: a model must not make edgetune read or write other files."""
     if path.suffix != ".onnx":
         return []
     import onnx
@@ -106,6 +107,22 @@ def external_data_files(path: Path) -> list[str]:
             raise UserInputError(f"{path.name}: external data location {loc!r} is not a file next to the model")
         if loc not in out:
             out.append(loc)
+    for prop in m.metadata_props:
+        if prop.key != "edgetune:companions":
+            continue
+        try:
+            names = json.loads(prop.value)
+        except ValueError:
+            names = None
+        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            raise UserInputError(f"{path.name}: edgetune:companions metadata is not a list of file names")
+        for loc in names:
+            if not loc or Path(loc).name != loc or loc in (".", ".."):
+                raise UserInputError(f"{path.name}: companion file {loc!r} is not a file next to the model")
+            if not (path.parent / loc).is_file():
+                raise UserInputError(f"{path.name}: companion file {loc} is missing")
+            if loc not in out:
+                out.append(loc)
     return out
 
 

@@ -48,7 +48,26 @@ enum {
   ORT_ReleaseSession = 95,
   ORT_ReleaseValue = 96,
   ORT_ReleaseSessionOptions = 100,
+  /* the custom-op library (ortop.c) and RegisterCustomOpsLibrary_V2 (ort_backend.c) */
+  ORT_CreateStatus = 0,
+  ORT_CreateCustomOpDomain = 26,
+  ORT_CustomOpDomain_Add = 27,
+  ORT_AddCustomOpDomain = 28,
+  ORT_GetTensorElementType = 60,
+  ORT_GetDimensionsCount = 61,
+  ORT_GetDimensions = 62,
+  ORT_GetTensorTypeAndShape = 65,
+  ORT_KernelInfoGetAttribute_string = 87,
+  ORT_KernelContext_GetInputCount = 88,
+  ORT_KernelContext_GetInput = 90,
+  ORT_KernelContext_GetOutput = 91,
+  ORT_ReleaseTensorTypeAndShapeInfo = 99,
+  ORT_RegisterCustomOpsLibrary_V2 = 228, /* API 14 */
+  ORT_KernelContext_ParallelFor = 274,   /* API 17 */
 };
+
+/* the C API version the custom-op library asks for (KernelContext_ParallelFor: onnxruntime 1.17) */
+#define ET_ORT_API_VERSION 17
 
 /* enum values from the same header */
 enum { ORT_LOGGING_LEVEL_ERROR = 3 };
@@ -76,6 +95,58 @@ typedef OrtStatus* (*OrtCreateTensorWithDataFn)(const OrtMemoryInfo*, void* data
 typedef OrtStatus* (*OrtGetTensorMutableDataFn)(OrtValue*, void** out);
 typedef OrtStatus* (*OrtCreateCpuMemoryInfoFn)(int allocator_type, int mem_type, OrtMemoryInfo** out);
 typedef void (*OrtReleaseFn)(void*);
+typedef OrtStatus* (*OrtRegisterCustomOpsLibraryV2Fn)(OrtSessionOptions*, const char* library_name);
+
+/* ---- custom operators (ortop.c) ---- */
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+enum { ORT_OK = 0, ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2, ORT_RUNTIME_EXCEPTION = 6 };
+enum { INPUT_OUTPUT_REQUIRED = 0, INPUT_OUTPUT_OPTIONAL = 1 };
+
+/* struct OrtCustomOp up to KernelComputeV2, the fields onnxruntime reads for version 16
+ * (CreateKernelV2/KernelComputeV2 need >= 16; later fields are read only from 17 on) */
+#define ET_CUSTOM_OP_VERSION 16
+typedef struct OrtCustomOp OrtCustomOp;
+struct OrtCustomOp {
+  uint32_t version;
+  void* (*CreateKernel)(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info);
+  const char* (*GetName)(const OrtCustomOp* op);
+  const char* (*GetExecutionProviderType)(const OrtCustomOp* op);
+  int (*GetInputType)(const OrtCustomOp* op, size_t index); /* ONNXTensorElementDataType */
+  size_t (*GetInputTypeCount)(const OrtCustomOp* op);
+  int (*GetOutputType)(const OrtCustomOp* op, size_t index);
+  size_t (*GetOutputTypeCount)(const OrtCustomOp* op);
+  void (*KernelCompute)(void* op_kernel, OrtKernelContext* context);
+  void (*KernelDestroy)(void* op_kernel);
+  int (*GetInputCharacteristic)(const OrtCustomOp* op, size_t index);
+  int (*GetOutputCharacteristic)(const OrtCustomOp* op, size_t index);
+  int (*GetInputMemoryType)(const OrtCustomOp* op, size_t index); /* OrtMemType */
+  int (*GetVariadicInputMinArity)(const OrtCustomOp* op);
+  int (*GetVariadicInputHomogeneity)(const OrtCustomOp* op);
+  int (*GetVariadicOutputMinArity)(const OrtCustomOp* op);
+  int (*GetVariadicOutputHomogeneity)(const OrtCustomOp* op);
+  OrtStatus* (*CreateKernelV2)(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** kernel);
+  OrtStatus* (*KernelComputeV2)(void* op_kernel, OrtKernelContext* context);
+};
+
+typedef OrtStatus* (*OrtCreateStatusFn)(int code, const char* msg);
+typedef OrtStatus* (*OrtCreateCustomOpDomainFn)(const char* domain, OrtCustomOpDomain** out);
+typedef OrtStatus* (*OrtCustomOpDomainAddFn)(OrtCustomOpDomain*, const OrtCustomOp*);
+typedef OrtStatus* (*OrtAddCustomOpDomainFn)(OrtSessionOptions*, OrtCustomOpDomain*);
+typedef OrtStatus* (*OrtGetTensorElementTypeFn)(const OrtTensorTypeAndShapeInfo*, int* out);
+typedef OrtStatus* (*OrtGetDimensionsCountFn)(const OrtTensorTypeAndShapeInfo*, size_t* out);
+typedef OrtStatus* (*OrtGetDimensionsFn)(const OrtTensorTypeAndShapeInfo*, int64_t* dims, size_t n);
+typedef OrtStatus* (*OrtGetTensorTypeAndShapeFn)(const OrtValue*, OrtTensorTypeAndShapeInfo** out);
+typedef OrtStatus* (*OrtKernelInfoGetAttributeStringFn)(const OrtKernelInfo*, const char* name, char* out,
+                                                        size_t* size);
+typedef OrtStatus* (*OrtKernelContextCountFn)(const OrtKernelContext*, size_t* out);
+typedef OrtStatus* (*OrtKernelContextGetInputFn)(const OrtKernelContext*, size_t index, const OrtValue** out);
+typedef OrtStatus* (*OrtKernelContextGetOutputFn)(OrtKernelContext*, size_t index, const int64_t* dims,
+                                                  size_t n, OrtValue** out);
+typedef OrtStatus* (*OrtParallelForFn)(const OrtKernelContext*, void (*fn)(void*, size_t), size_t total,
+                                       size_t num_batch, void* usr_data);
 
 #define ORT_FN(api, idx, type) ((type)(((void* const*)(const void*)(api))[idx]))
 

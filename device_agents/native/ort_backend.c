@@ -63,6 +63,7 @@ const char* ort_library_version(const char* path, char* buf, size_t buflen) {
 typedef struct {
   void* dl;
   const OrtApi* api;
+  uint32_t api_version;
   char version[64];
   OrtEnv* env;
   OrtSessionOptions* opts;
@@ -117,8 +118,10 @@ static int ort_load(backend* b, const backend_config* cfg, char* err, size_t err
   const OrtApiBase* base = api_base(s->dl);
   if (!base) { snprintf(err, errlen, "%s has no OrtGetApiBase", lib); return -1; }
   if (base->GetVersionString) snprintf(s->version, sizeof s->version, "%s", base->GetVersionString());
-  for (size_t i = 0; !s->api && i < sizeof kApiVersions / sizeof kApiVersions[0]; i++)
+  for (size_t i = 0; !s->api && i < sizeof kApiVersions / sizeof kApiVersions[0]; i++) {
     s->api = base->GetApi(kApiVersions[i]);
+    s->api_version = kApiVersions[i];
+  }
   if (!s->api) { snprintf(err, errlen, "onnxruntime %s offers no supported C API version", s->version); return -1; }
   const OrtApi* a = s->api;
 
@@ -156,6 +159,26 @@ static int ort_load(backend* b, const backend_config* cfg, char* err, size_t err
   if (m == -2) { snprintf(err, errlen, "execution_mode must be sequential or parallel"); return -1; }
   if (m >= 0 && check(s, ORT_FN(a, ORT_SetSessionExecutionMode, OrtSetIntFn)(s->opts, m), "execution_mode", err, errlen))
     return -1;
+
+  const char* ops_lib = param_str(cfg->params, "custom_ops_library");
+  if (ops_lib) {
+    /* a hybrid model's custom-op library (edgetune/space/ort_tvm.py): a plain file name next to
+     * the model, whose sha256 the host checked when it pushed it */
+    char path[PATH_MAX];
+    const char* slash = strrchr(cfg->artifact, '/');
+    if (!ops_lib[0] || strchr(ops_lib, '/') || !strcmp(ops_lib, ".") || !strcmp(ops_lib, "..")) {
+      snprintf(err, errlen, "custom_ops_library must be a file name next to the model");
+      return -1;
+    }
+    snprintf(path, sizeof path, "%.*s%s", slash ? (int)(slash - cfg->artifact + 1) : 0, cfg->artifact, ops_lib);
+    if (s->api_version < 14) {
+      snprintf(err, errlen, "onnxruntime %s cannot register a custom-op library (needs C API 14)", s->version);
+      return -1;
+    }
+    if (check(s, ORT_FN(a, ORT_RegisterCustomOpsLibrary_V2, OrtRegisterCustomOpsLibraryV2Fn)(s->opts, path),
+              "RegisterCustomOpsLibrary_V2", err, errlen))
+      return -1;
+  }
 
   if (check(s, ORT_FN(a, ORT_CreateSession, OrtCreateSessionFn)(s->env, cfg->artifact, s->opts, &s->sess),
             "CreateSession", err, errlen))

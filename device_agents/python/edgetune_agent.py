@@ -21,7 +21,7 @@ import time
 
 PROTOCOL = 3
 AGENT = "python"
-AGENT_VERSION = "2.2.0"
+AGENT_VERSION = "2.3.0"
 M64 = (1 << 64) - 1
 _WORKER_PID = None  # the process running the job: a candidate's forked child never writes its files
 
@@ -177,7 +177,7 @@ class OrtBackend:
         import numpy as np
         import onnxruntime as ort
 
-        so = self._options(ort, params)
+        so = self._options(ort, params, model_path)
         provider = params.get("execution_provider", "CPUExecutionProvider")
         self.sess = ort.InferenceSession(model_path, so, providers=[provider])
         self.np = np
@@ -189,9 +189,15 @@ class OrtBackend:
         self._model_path, self._params, self._provider = model_path, params, provider
 
     @staticmethod
-    def _options(ort, params):
+    def _options(ort, params, model_path):
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        lib = params.get("custom_ops_library")
+        if lib is not None:
+            # a hybrid model's custom-op library: a file next to the model (sha256-checked by the host)
+            if not isinstance(lib, str) or os.path.basename(lib) != lib or lib in ("", ".", ".."):
+                raise ValueError("custom_ops_library must be a file name next to the model")
+            so.register_custom_ops_library(os.path.join(os.path.dirname(os.path.abspath(model_path)), lib))
         levels = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -222,7 +228,7 @@ class OrtBackend:
         places what the intended provider cannot run on the CPU provider without a word."""
         import onnxruntime as ort
 
-        so = self._options(ort, self._params)
+        so = self._options(ort, self._params, self._model_path)
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(jobdir, "placement")
         sess = ort.InferenceSession(self._model_path, so, providers=[self._provider])

@@ -280,3 +280,51 @@ def export_kernel_library(rt_mod: Any, path: str | os.PathLike, target_triple: s
         tc = toolchain(target_triple, cc)
         rt_mod.export_library(str(path), fcompile=tvm_cc.cross_compiler(tc.cc))
     return path
+
+
+ORTOP_SOURCE = "ortop.c"
+ORTOP_HEADERS = ("ort_abi.h", "tvm_abi.h")
+ORTOP_PREFIX = "libedgetune-ortop-"
+
+
+def build_ortop(target_triple: str | None = None, out_dir: str | os.PathLike | None = None, *,
+                cc: str | None = None) -> Path:
+    """Compile the onnxruntime custom-op library that runs TVM-exported kernels in an onnxruntime
+    graph (``device_agents/native/ortop.c``) for ``target_triple``; return its path.
+
+    The file is named by the digest of its own bytes (``libedgetune-ortop-<sha16>.so``), so a
+    rewritten model names exactly the library it was verified with. Cached like the agent.
+    """
+    tc = toolchain(target_triple, cc)
+    flags = ["-shared", "-fPIC", "-fvisibility=hidden", "-ldl", *([] if tc.android else ["-lpthread"])]
+    h = hashlib.sha256()
+    for name in (ORTOP_SOURCE, *ORTOP_HEADERS):
+        h.update(name.encode() + b"\0" + (AGENT_SRC / name).read_bytes() + b"\0")
+    key = hashlib.sha256("\n".join([h.hexdigest(), tc.triple, tc.cc, _compiler_identity(tc.cc),
+                                    " ".join(flags)]).encode()).hexdigest()[:20]
+    out_root = Path(out_dir) if out_dir is not None else default_cache_dir()
+    final_dir = out_root / f"ortop-{tc.triple}-{key}"
+    if final_dir.is_dir():
+        found = sorted(final_dir.glob(f"{ORTOP_PREFIX}*.so"))
+        if found:
+            return found[0]
+    out_root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".build-ortop-", dir=out_root))
+    try:
+        tmp = work / "lib.so"
+        cmd = [tc.cc, *CFLAGS, str(AGENT_SRC / ORTOP_SOURCE), "-o", str(tmp), *flags]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+            raise ToolchainError(f"building the onnxruntime custom-op library with {tc.cc} failed: " + " | ".join(tail))
+        lib = work / f"{ORTOP_PREFIX}{sha256_file(tmp)[:16]}.so"
+        tmp.rename(lib)
+        (work / "BUILD").write_text(" ".join(cmd) + "\n")
+        try:
+            work.rename(final_dir)
+        except OSError:  # a concurrent build won the race; theirs is identical
+            pass
+        return next(iter(sorted(final_dir.glob(f"{ORTOP_PREFIX}*.so"))))
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)

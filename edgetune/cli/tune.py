@@ -24,14 +24,15 @@ def tune_cmd(
     dim: List[str] = DimOpt,
     input: List[str] = typer.Option([], "--input", help="user input data: --input name=file.npy (verified too)"),
     space: str = typer.Option("ort,ort-fused,tflite,tvm-relax", "--space",
-                              help="candidate spaces: ort, ort-fused, ort-int8, tflite, tvm-relax, tvm-tuned "
-                                   "(with --tvm-trials)"),
+                              help="candidate spaces: ort, ort-fused, ort-int8, tflite, tvm-relax, tvm-tuned, "
+                                   "ort-tvm (hybrid; both with --tvm-trials)"),
     accuracy: List[str] = typer.Option([], "--accuracy",
                                        help="accuracy budget for approximate (int8) candidates, e.g. "
                                             "--accuracy cosine=0.999 [max-abs=X, top1=X]; adds 'ort-int8' to "
                                             "--space. Without it only exact candidates are selected"),
     tvm_trials: int = typer.Option(0, "--tvm-trials", min=0,
-                                   help="MetaSchedule trials for the tvm-tuned candidate (adds 'tvm-tuned' to --space)"),
+                                   help="MetaSchedule trials per kernel for the tvm-tuned and ort-tvm (hybrid) candidates "
+                                        "(adds 'tvm-tuned' to --space)"),
     adapter: List[str] = typer.Option([], "--adapter", help="a Python runtime adapter .py to add as a candidate"),
     rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved measuring rounds for the finalists"),
     finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),

@@ -164,7 +164,10 @@ WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {"gemm": (1,), "conv2d_nchw": (1,), 
 
 def weight_inputs(w) -> tuple[int, ...]:
     """Indices of ``w``'s weight operands (() for fused tasks, batch_matmul, softmax, attention)."""
-    return WEIGHT_INPUTS.get(getattr(w, "op", None) or "", ())
+    op = getattr(w, "op", None) or ""
+    if op == "dwconv2d_fused":  # a model's depthwise Conv: weights and bias are initializers
+        return (1, 2) if w.bias else (1,)
+    return WEIGHT_INPUTS.get(op, ())
 
 
 def final_weights(w) -> dict[int, np.ndarray]:
@@ -310,6 +313,19 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
             nodes.append(helper.make_node("Transpose", [y + "_nchw"], [y], perm=[0, 2, 3, 1]))
         else:
             nodes.append(helper.make_node("Conv", [a, b], [y], **attrs))
+    elif op == "dwconv2d_fused":  # the nodes as they stand in the model: Conv(+bias) then the activation
+        conv_out = y if not w.act else y + "_conv"
+        nodes.append(helper.make_node("Conv", [s.name for s in ins], [conv_out], group=w.C,
+                                      kernel_shape=[w.R, w.S], strides=[w.SH, w.SW],
+                                      pads=[w.PT, w.PL, w.PB, w.PR]))
+        if w.act == 1:
+            nodes.append(helper.make_node("Relu", [conv_out], [y]))
+        elif w.act == 2:
+            extra.append(numpy_helper.from_array(np.array(0.0, np.float32), "clip_lo"))
+            extra.append(numpy_helper.from_array(np.array(6.0, np.float32), "clip_hi"))
+            nodes.append(helper.make_node("Clip", [conv_out, "clip_lo", "clip_hi"], [y]))
+        elif w.act == 3:
+            nodes.append(helper.make_node("HardSwish", [conv_out], [y]))
     elif op == "softmax":
         nodes.append(helper.make_node("Softmax", [a], [y], axis=-1))
     elif op == "layernorm":

@@ -403,6 +403,124 @@ class DepthwiseConv2dNCHW(OpWorkload):
         return [np.einsum("ncpqrs,crs->ncpq", win, w[:, 0], optimize=True)]
 
 
+# Activations a fused depthwise kernel can apply (ONNX semantics); the int is the spec's ``act``.
+DW_ACTIVATIONS = {0: "none", 1: "relu", 2: "relu6", 3: "hardswish"}
+
+
+def _activation64(y: np.ndarray, act: int) -> np.ndarray:
+    if act == 1:
+        return np.maximum(y, 0.0)
+    if act == 2:
+        return np.clip(y, 0.0, 6.0)
+    if act == 3:  # ONNX HardSwish: x * max(0, min(1, x / 6 + 0.5))
+        return y * np.clip(y / 6.0 + 0.5, 0.0, 1.0)
+    return y
+
+
+@dataclass(frozen=True)
+class DepthwiseConvFused(OpWorkload):
+    """An ONNX depthwise Conv node as it stands in a model, with what follows it fused:
+    Y = act(depthwise conv(X[N,C,H,W], Wt[C,1,R,S]) + B[C]), strides SH/SW, pads PT/PL/PB/PR
+    (ONNX's begin/end pads, which may differ: TF-style SAME), ``bias`` 0/1 (B is an input only
+    with 1), ``act`` 0 none, 1 Relu, 2 Clip(0, 6), 3 HardSwish. The hybrid onnxruntime + TVM
+    candidates splice such kernels into the onnxruntime graph (edgetune/space/ort_tvm.py)."""
+
+    op: ClassVar[str] = "dwconv2d_fused"
+    zero_ok: ClassVar[frozenset[str]] = frozenset({"PT", "PL", "PB", "PR", "bias", "act"})
+    N: int
+    C: int
+    H: int
+    W: int
+    R: int
+    S: int
+    SH: int = 1
+    SW: int = 1
+    PT: int = 0
+    PL: int = 0
+    PB: int = 0
+    PR: int = 0
+    bias: int = 1
+    act: int = 0
+
+    def __post_init__(self) -> None:
+        if self.bias not in (0, 1):
+            raise UserInputError(f"{self.op}: bias must be 0 or 1, got {self.bias!r}")
+        if self.act not in DW_ACTIVATIONS:
+            raise UserInputError(f"{self.op}: act must be one of {DW_ACTIVATIONS} (as the int), got {self.act!r}")
+        super().__post_init__()
+
+    @property
+    def P(self) -> int:
+        return (self.H + self.PT + self.PB - self.R) // self.SH + 1
+
+    @property
+    def Q(self) -> int:
+        return (self.W + self.PL + self.PR - self.S) // self.SW + 1
+
+    @property
+    def inputs(self):
+        specs = [TensorSpec("X", (self.N, self.C, self.H, self.W), self.dtype),
+                 TensorSpec("Wt", (self.C, 1, self.R, self.S), self.dtype)]
+        if self.bias:
+            specs.append(TensorSpec("B", (self.C,), self.dtype))
+        return tuple(specs)
+
+    @property
+    def outputs(self):
+        return (TensorSpec("Y", (self.N, self.C, self.P, self.Q), self.dtype),)
+
+    def flops(self) -> int:
+        return 2 * self.N * self.C * self.P * self.Q * self.R * self.S
+
+    def prim_func(self):
+        from tvm import te, tirx, topi
+
+        x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
+        w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
+        args = [x, w]
+        pads = (self.PT, self.PL, self.PB, self.PR)
+        xp = topi.nn.pad(x, (0, 0, self.PT, self.PL), (0, 0, self.PB, self.PR), name="Xpad") if any(pads) else x
+        r = te.reduce_axis((0, self.R), name="r")
+        s = te.reduce_axis((0, self.S), name="s")
+        sh, sw = self.SH, self.SW
+        conv = te.compute(
+            self.outputs[0].shape,
+            lambda n, c, p, q: te.sum(xp[n, c, p * sh + r, q * sw + s] * w[c, 0, r, s], axis=[r, s]),
+            name="conv",
+        )
+        b = None
+        if self.bias:
+            b = te.placeholder((self.C,), self.dtype, name="B")
+            args.append(b)
+        zero, six = tirx.const(0.0, self.dtype), tirx.const(6.0, self.dtype)
+
+        def epilogue(n, c, p, q):
+            v = conv[n, c, p, q] + b[c] if b is not None else conv[n, c, p, q]
+            if self.act == 1:
+                return te.max(v, zero)
+            if self.act == 2:
+                return te.min(te.max(v, zero), six)
+            if self.act == 3:
+                gate = te.min(te.max(v * tirx.const(1.0 / 6.0, self.dtype) + tirx.const(0.5, self.dtype), zero),
+                              tirx.const(1.0, self.dtype))
+                return v * gate
+            return v
+
+        y = te.compute(self.outputs[0].shape, epilogue, name="Y") if (self.bias or self.act) else conv
+        return te.create_prim_func([*args, y])
+
+    def reference(self, inputs):
+        x, w = (np.asarray(v, np.float64) for v in inputs[:2])
+        xp = np.pad(x, ((0, 0), (0, 0), (self.PT, self.PB), (self.PL, self.PR)))
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        win = sliding_window_view(xp, (self.R, self.S), axis=(2, 3))[:, :, ::self.SH, ::self.SW]
+        y = np.einsum("ncpqrs,crs->ncpq", win[:, :, :self.P, :self.Q], w[:, 0], optimize=True)
+        if self.bias:
+            y = y + np.asarray(inputs[2], np.float64)[None, :, None, None]
+        return [_activation64(y, self.act)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Transformer operators: softmax, layernorm, attention (last-axis reductions, row-major float32)
 # ---------------------------------------------------------------------------------------------
@@ -624,8 +742,8 @@ class Attention(OpWorkload):
 
 
 OPS: dict[str, type[OpWorkload]] = {
-    cls.op: cls for cls in (Gemm, BatchMatmul, Conv2dNCHW, Conv2dNHWC, DepthwiseConv2dNCHW, Softmax, LayerNorm,
-                            Attention)
+    cls.op: cls for cls in (Gemm, BatchMatmul, Conv2dNCHW, Conv2dNHWC, DepthwiseConv2dNCHW, DepthwiseConvFused,
+                            Softmax, LayerNorm, Attention)
 }
 _ALIASES = {"matmul": "gemm", "conv2d": "conv2d_nchw", "depthwise_conv2d": "depthwise_conv2d_nchw",
             "dwconv2d": "depthwise_conv2d_nchw", "bmm": "batch_matmul", "layer_norm": "layernorm",

@@ -17,7 +17,8 @@ from edgetune.workload import Model, Workload
 
 SPACES = {"ort": "edgetune.space.ort", "tflite": "edgetune.space.tflite", "tvm-relax": "edgetune.space.tvm_relax",
           "tvm-tuned": "edgetune.space.tvm_relax:TUNED", "adapter": "edgetune.space.adapter",
-          "ort-int8": "edgetune.space.ort_rewrite:INT8", "ort-fused": "edgetune.space.ort_rewrite:FUSED"}
+          "ort-int8": "edgetune.space.ort_rewrite:INT8", "ort-fused": "edgetune.space.ort_rewrite:FUSED",
+          "ort-tvm": "edgetune.space.ort_tvm"}
 APPROXIMATE_SPACES = ("ort-int8",)  # added to the spaces when the user sets an accuracy budget
 
 
@@ -57,8 +58,10 @@ def load_space(name: str) -> Space:
 
 def space_of(cand: Candidate) -> Space:
     """The space that prepares a stored candidate: its backend's, or for a rewritten model (int8,
-    fused) the space that rewrites it, so a re-run measures the same artifact the tune did."""
+    fused, hybrid) the space that rewrites it, so a re-run measures the same artifact the tune did."""
     params = cand.param_dict
+    if "hybrid" in params:
+        return load_space("ort-tvm")
     if "precision" in params or "rewrite" in params:
         return load_space("ort-int8" if "precision" in params else "ort-fused")
     return load_space(cand.backend)

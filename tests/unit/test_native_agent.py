@@ -652,3 +652,76 @@ def test_ort_bad_option_is_an_error(agent, ort_lib, tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ---------------------------------------------------------------- ort + TVM kernels (hybrid)
+
+
+def _hybrid_job(tmp_path: Path, triple: str | None, ort_path: Path) -> tuple[Path, list, np.ndarray]:
+    """The depthwise fixture with its depthwise convs spliced as TVM kernels compiled for
+    ``triple`` (None: this host), laid out as on a device: the model and its companion files (the
+    custom-op library, the kernels) side by side in the artifacts dir."""
+    import onnxruntime as ort
+    import tvm
+
+    from edgetune.space.ort_tvm import depthwise_sites, splice
+    from tests.fixtures.depthwise import build_depthwise
+
+    model = build_depthwise(tmp_path / "dw.onnx")
+    shape = (1, 8, 10, 10)
+    sites = depthwise_sites(model, {"x": shape})
+    art = tmp_path / "hybrid"
+    art.mkdir()
+    lib = native.build_ortop(triple, tmp_path / "ortop")
+    shutil.copyfile(lib, art / lib.name)
+    target = ({"kind": "llvm", "mtriple": AARCH64_TRIPLE, "mattr": ["+neon"], "num-cores": 2} if triple
+              else {"kind": "llvm", "num-cores": 2})
+    files = {}
+    for i, s in enumerate(sites):
+        if s.workload.key() not in files:
+            built = tvm.compile(s.workload.prim_func(), target=tvm.target.Target(target))
+            native.export_kernel_library(built, art / f"k-{i}.so", triple)
+            files[s.workload.key()] = f"k-{i}.so"
+    splice(model, sites, files, lib.name, art / "model.onnx")
+    sets = [_inputs(31, shape), _inputs(32, shape)]
+    job = make_job(tmp_path, "hybrid", "ort", art / "model.onnx", sets,
+                   [{"name": "y", "dtype": "float32", "shape": [1, 16, 1, 1]}],
+                   params={"ort_lib": str(ort_path), "custom_ops_library": lib.name, "intra_op_num_threads": 2},
+                   input_names=["x"])
+    for f in art.iterdir():  # the host pushes the companions next to the model
+        if f.name != "model.onnx":
+            shutil.copyfile(f, tmp_path / "artifacts" / f.name)
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    refs = [sess.run(None, {"x": s[0]})[0] for s in sets]
+    return job, sets, np.stack(refs)
+
+
+def test_ort_runs_a_hybrid_model_with_its_custom_op_library(agent, ort_lib, tmp_path):
+    job, sets, refs = _hybrid_job(tmp_path, None, ort_lib)
+    res = run_agent(agent, job)
+    check_ok(res, 2, 1)
+    for i in range(len(sets)):
+        assert rel_err(np.load(job / f"out_{i}_0.npy"), refs[i].astype(np.float64)) < 1e-5
+
+
+def test_ort_refuses_a_custom_op_library_outside_the_model_dir(agent, ort_lib, tmp_path):
+    job, _, _ = _hybrid_job(tmp_path, None, ort_lib)
+    req = json.loads((job / "request.json").read_text())
+    req["params"]["custom_ops_library"] = "../evil.so"
+    (job / "request.json").write_text(json.dumps(req))
+    res = run_agent(agent, job)
+    assert res["status"] != "ok" and "file name next to the model" in res["reason"]
+
+
+def test_qemu_aarch64_hybrid_model_cross_built(cache, tmp_path):
+    """The custom-op library and the kernels cross-built for aarch64, run by the aarch64 native agent
+    with the aarch64 libonnxruntime under qemu: no TVM runtime anywhere on the 'device'."""
+    _need_cross()
+    ort_a64 = Path(sys.prefix) / "share" / "edgetune" / "ort-aarch64-1.20.1" / "libonnxruntime.so"
+    require(ort_a64.is_file(), f"{ort_a64} missing (make setup downloads it)")
+    agent = native.build_agent(AARCH64_TRIPLE, static=False, out_dir=cache)
+    job, sets, refs = _hybrid_job(tmp_path, AARCH64_TRIPLE, ort_a64)
+    res = run_agent(agent, job, prefix=qemu_prefix(), timeout=600)
+    check_ok(res, 2, 1)
+    for i in range(len(sets)):
+        assert rel_err(np.load(job / f"out_{i}_0.npy"), refs[i].astype(np.float64)) < 1e-5

@@ -822,19 +822,7 @@ static int child_load(judge_state* s) {
     return -1;
   }
   if (s->abi_tvm) {
-    static const struct {
-      const char* name;
-      void* fn;
-    } slots[] = {
-        {"__TVMBackendParallelLaunch", (void*)&TVMBackendParallelLaunch},
-        {"__TVMBackendParallelBarrier", (void*)&TVMBackendParallelBarrier},
-        {"__TVMBackendAllocWorkspace", (void*)&TVMBackendAllocWorkspace},
-        {"__TVMBackendFreeWorkspace", (void*)&TVMBackendFreeWorkspace},
-        {"__TVMFFIErrorSetRaisedFromCStr", (void*)&TVMFFIErrorSetRaisedFromCStr},
-        {"__TVMFFIHandleInitOnce", (void*)&TVMFFIHandleInitOnce},
-        {"__TVMFFIFunctionCall", (void*)&TVMFFIFunctionCall},
-        {"__TVMFFIEnvModLookupFromImports", (void*)&TVMFFIEnvModLookupFromImports},
-    };
+    static const et_tvm_slot slots[] = {ET_TVM_SLOTS};
     for (size_t i = 0; i < sizeof slots / sizeof *slots; i++) {
       void** slot = (void**)dlsym(dl, slots[i].name);
       if (slot) *slot = slots[i].fn;

@@ -157,19 +157,7 @@ ET_EXPORT int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv) 
   return -1;
 }
 
-static const struct {
-  const char* name;
-  void* fn;
-} kSlots[] = {
-    {"__TVMBackendParallelLaunch", (void*)&TVMBackendParallelLaunch},
-    {"__TVMBackendParallelBarrier", (void*)&TVMBackendParallelBarrier},
-    {"__TVMBackendAllocWorkspace", (void*)&TVMBackendAllocWorkspace},
-    {"__TVMBackendFreeWorkspace", (void*)&TVMBackendFreeWorkspace},
-    {"__TVMFFIErrorSetRaisedFromCStr", (void*)&TVMFFIErrorSetRaisedFromCStr},
-    {"__TVMFFIHandleInitOnce", (void*)&TVMFFIHandleInitOnce},
-    {"__TVMFFIFunctionCall", (void*)&TVMFFIFunctionCall},
-    {"__TVMFFIEnvModLookupFromImports", (void*)&TVMFFIEnvModLookupFromImports},
-};
+static const et_tvm_slot kSlots[] = {ET_TVM_SLOTS};
 
 /* ------------------------------------------------------------------ the custom op */
 

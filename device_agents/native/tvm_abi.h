@@ -85,4 +85,18 @@ int TVMFFIHandleInitOnce(void** handle_addr, int (*init_func)(void** result));
 int TVMFFIFunctionCall(void* func, TVMFFIAny* args, int32_t num_args, TVMFFIAny* result);
 int TVMFFIEnvModLookupFromImports(void* library_ctx, const char* func_name, void** out);
 
+/* The function-pointer slots an exported kernel may define, each named "__" + its hook; whoever
+ * loads a kernel (tvm_backend.c, judge_backend.c, ortop.c) writes its hooks into them:
+ *   static const et_tvm_slot kSlots[] = {ET_TVM_SLOTS}; */
+typedef struct {
+  const char* name;
+  void* fn;
+} et_tvm_slot;
+#define ET_TVM_SLOT(f) {"__" #f, (void*)&f}
+#define ET_TVM_SLOTS                                                                              \
+  ET_TVM_SLOT(TVMBackendParallelLaunch), ET_TVM_SLOT(TVMBackendParallelBarrier),                  \
+      ET_TVM_SLOT(TVMBackendAllocWorkspace), ET_TVM_SLOT(TVMBackendFreeWorkspace),                \
+      ET_TVM_SLOT(TVMFFIErrorSetRaisedFromCStr), ET_TVM_SLOT(TVMFFIHandleInitOnce),               \
+      ET_TVM_SLOT(TVMFFIFunctionCall), ET_TVM_SLOT(TVMFFIEnvModLookupFromImports)
+
 #endif

@@ -300,19 +300,7 @@ typedef struct {
   TVMFFIAny* args;
 } tvm_state;
 
-static const struct {
-  const char* name;
-  void* fn;
-} kSlots[] = {
-    {"__TVMBackendParallelLaunch", (void*)&TVMBackendParallelLaunch},
-    {"__TVMBackendParallelBarrier", (void*)&TVMBackendParallelBarrier},
-    {"__TVMBackendAllocWorkspace", (void*)&TVMBackendAllocWorkspace},
-    {"__TVMBackendFreeWorkspace", (void*)&TVMBackendFreeWorkspace},
-    {"__TVMFFIErrorSetRaisedFromCStr", (void*)&TVMFFIErrorSetRaisedFromCStr},
-    {"__TVMFFIHandleInitOnce", (void*)&TVMFFIHandleInitOnce},
-    {"__TVMFFIFunctionCall", (void*)&TVMFFIFunctionCall},
-    {"__TVMFFIEnvModLookupFromImports", (void*)&TVMFFIEnvModLookupFromImports},
-};
+static const et_tvm_slot kSlots[] = {ET_TVM_SLOTS};
 #define NSLOTS (sizeof kSlots / sizeof kSlots[0])
 
 static void* slot_value(const char* name) {

@@ -382,25 +382,42 @@ class DepthwiseConv2dNCHW(OpWorkload):
         return 2 * self.N * self.C * self.P * self.Q * self.R * self.S
 
     def prim_func(self):
-        from tvm import te, topi
+        from tvm import te
 
         x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
         w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
-        xp = topi.nn.pad(x, (0, 0, self.pad, self.pad), name="Xpad") if self.pad else x
-        r = te.reduce_axis((0, self.R), name="r")
-        s = te.reduce_axis((0, self.S), name="s")
-        st = self.stride
-        y = te.compute(
-            self.outputs[0].shape,
-            lambda n, c, p, q: te.sum(xp[n, c, p * st + r, q * st + s] * w[c, 0, r, s], axis=[r, s]),
-            name="Y",
-        )
+        y = _depthwise_te(x, w, (self.pad,) * 4, (self.stride, self.stride), self.outputs[0].shape, "Y")
         return te.create_prim_func([x, w, y])
 
     def reference(self, inputs):
         x, w = (np.asarray(v, np.float64) for v in inputs)
-        win = _windows_nchw(_pad_nchw(x, self.pad), self.R, self.S, self.stride)
-        return [np.einsum("ncpqrs,crs->ncpq", win, w[:, 0], optimize=True)]
+        return [_depthwise64(x, w, (self.pad,) * 4, (self.stride, self.stride), self.outputs[0].shape)]
+
+
+def _depthwise_te(x, w, pads, strides, out_shape, name):
+    """TE depthwise conv of X[N,C,H,W] by W[C,1,R,S]; pads (top, left, bottom, right)."""
+    from tvm import te, topi
+
+    pt, pl, pb, pr = pads
+    if any(pads):
+        xp = topi.nn.pad(x, (0, 0, pt, pl), (0, 0, pb, pr), name="Xpad")
+    else:
+        xp = x
+    r = te.reduce_axis((0, int(w.shape[2])), name="r")
+    s = te.reduce_axis((0, int(w.shape[3])), name="s")
+    sh, sw = strides
+    return te.compute(out_shape, lambda n, c, p, q: te.sum(xp[n, c, p * sh + r, q * sw + s] * w[c, 0, r, s],
+                                                           axis=[r, s]), name=name)
+
+
+def _depthwise64(x: np.ndarray, w: np.ndarray, pads, strides, out_shape) -> np.ndarray:
+    """The float64 reference of _depthwise_te (numpy windows, independent of TVM)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    pt, pl, pb, pr = pads
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    win = sliding_window_view(xp, w.shape[2:], axis=(2, 3))[:, :, ::strides[0], ::strides[1]]
+    return np.einsum("ncpqrs,crs->ncpq", win[:, :, :out_shape[2], :out_shape[3]], w[:, 0], optimize=True)
 
 
 # Activations a fused depthwise kernel can apply (ONNX semantics); the int is the spec's ``act``.
@@ -473,21 +490,13 @@ class DepthwiseConvFused(OpWorkload):
         return 2 * self.N * self.C * self.P * self.Q * self.R * self.S
 
     def prim_func(self):
-        from tvm import te, tirx, topi
+        from tvm import te, tirx
 
         x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
         w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
         args = [x, w]
-        pads = (self.PT, self.PL, self.PB, self.PR)
-        xp = topi.nn.pad(x, (0, 0, self.PT, self.PL), (0, 0, self.PB, self.PR), name="Xpad") if any(pads) else x
-        r = te.reduce_axis((0, self.R), name="r")
-        s = te.reduce_axis((0, self.S), name="s")
-        sh, sw = self.SH, self.SW
-        conv = te.compute(
-            self.outputs[0].shape,
-            lambda n, c, p, q: te.sum(xp[n, c, p * sh + r, q * sw + s] * w[c, 0, r, s], axis=[r, s]),
-            name="conv",
-        )
+        conv = _depthwise_te(x, w, (self.PT, self.PL, self.PB, self.PR), (self.SH, self.SW), self.outputs[0].shape,
+                             "conv")
         b = None
         if self.bias:
             b = te.placeholder((self.C,), self.dtype, name="B")
@@ -511,11 +520,7 @@ class DepthwiseConvFused(OpWorkload):
 
     def reference(self, inputs):
         x, w = (np.asarray(v, np.float64) for v in inputs[:2])
-        xp = np.pad(x, ((0, 0), (0, 0), (self.PT, self.PB), (self.PL, self.PR)))
-        from numpy.lib.stride_tricks import sliding_window_view
-
-        win = sliding_window_view(xp, (self.R, self.S), axis=(2, 3))[:, :, ::self.SH, ::self.SW]
-        y = np.einsum("ncpqrs,crs->ncpq", win[:, :, :self.P, :self.Q], w[:, 0], optimize=True)
+        y = _depthwise64(x, w, (self.PT, self.PL, self.PB, self.PR), (self.SH, self.SW), self.outputs[0].shape)
         if self.bias:
             y = y + np.asarray(inputs[2], np.float64)[None, :, None, None]
         return [_activation64(y, self.act)]

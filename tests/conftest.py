@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# the Python agents the tests start keep their zygotes (PROTOCOL.md) for seconds, not minutes:
+# hundreds of test agents would otherwise leave hundreds of idle processes behind for a while
+os.environ.setdefault("EDGETUNE_AGENT_ZYGOTE_IDLE_S", "10")
 
 
 def require(ok: bool, reason: str) -> None:

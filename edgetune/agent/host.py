@@ -322,7 +322,9 @@ class AgentClient:
     def _provision_python(self, py: str) -> list[str]:
         remote = f"{self.workdir}/agent/edgetune_agent.py"
         self._install_agent_file(PYTHON_AGENT, remote)
-        return [py, remote]
+        # -S: no site-packages at start-up (~50 ms of .pth files): a job the agent's zygote serves
+        # needs none, and the agent adds them itself for everything else
+        return [py, "-S", remote]
 
     def _provision_native(self) -> list[str]:
         c = self._must(["uname", "-m"], "uname -m")
@@ -447,6 +449,8 @@ class AgentClient:
                     "max_iters": job.max_iters, "fresh_seed": job.fresh_seed, "check_iters": job.check_iters,
                     "check_fastest": job.check_fastest, "probe_pairs": job.probe_pairs,
                     **({"placement": True} if job.placement else {}),
+                    # devices.toml zygote = false: every job in a fresh agent process (Python agent)
+                    **({"fresh_process": True} if self.spec.options.get("zygote") is False else {}),
                     # the agent's supervisor stops the job before the host gives up on the command
                     "limits": {"memory_mb": job.memory_mb, "max_procs": job.max_procs,
                                "timeout_s": max(1.0, job.timeout_s - 2.0)},

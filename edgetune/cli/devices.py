@@ -124,6 +124,9 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
                                                     help="memory bound of one job on the device, MB (default 4096)"),
             max_procs: Optional[int] = typer.Option(None, "--max-procs",
                                                     help="process bound of one job on the device"),
+            no_zygote: bool = typer.Option(False, "--no-zygote",
+                                           help="every job in a fresh agent process (no persistent zygote "
+                                                "for runtime configurations; Python agent)"),
             inventory: Optional[str] = InvOpt) -> None:
     """Add a device to the inventory."""
     def body():
@@ -134,7 +137,7 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
         spec = Inventory(inventory).add(name, url, key=key, known_hosts=known_hosts,
                                         trust_on_first_use=trust_on_first_use or None, workdir=workdir,
                                         python=python, native=native or None, memory_mb=memory_mb,
-                                        max_procs=max_procs)
+                                        max_procs=max_procs, zygote=False if no_zygote else None)
         console.print(plain(f"added {spec.name} ({spec.url})"), highlight=False)
     run_guarded(body)
 

@@ -14,7 +14,9 @@ from edgetune.text import device_text, plain, safe
 def tune_kernels_cmd(
     model: Optional[str] = typer.Argument(None, help="ONNX model (or bundled name) whose TVM tasks to tune"),
     op: List[str] = typer.Option([], "--op", help="operator workload, repeatable: gemm:M=512,N=512,K=512, "
-                                 "conv2d_nchw:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1, depthwise_conv2d_nchw:..., batch_matmul:..."),
+                                 "conv2d_nchw:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1, depthwise_conv2d_nchw:..., batch_matmul:..., "
+                                 "dwconv2d_fused:N,C,H,W,R,S,SH,SW,PT,PL,PB,PR,bias=0|1,act=0..3 (a model's depthwise "
+                                 "Conv + Relu/Clip(0,6)/HardSwish, as the ort-tvm hybrid tunes it)"),
     device: str = DeviceOpt,
     trials: int = typer.Option(64, "--trials", "-n", help="measured kernels per workload (records already in the device's tuning database count)"),
     dim: List[str] = DimOpt,

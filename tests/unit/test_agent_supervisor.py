@@ -250,7 +250,8 @@ def test_an_honest_job_says_how_it_was_bounded(agent):
     assert res["status"] == "ok", res["reason"]
     assert res["protocol"] == 3 and "limit" not in res and res["leftover_processes"] == 0
     enforced = res["limits_enforced"]
-    assert set(enforced) == {"memory", "processes", "time", "output", "leftovers"}
+    assert set(enforced) == {"memory", "processes", "time", "output", "leftovers",
+                             *(("isolation",) if agent.kind == "python" else ())}
     assert enforced["time"] == enforced["output"] == "supervisor"
     if not agent.cgroup:
         assert enforced["memory"] in ("rlimit+poll", "poll") and enforced["processes"] in ("rlimit+poll", "poll")

@@ -62,7 +62,7 @@ def main() -> int:
         path = resolve(model, args.out)
         cmd = [sys.executable, "-m", "edgetune.cli.main", "tune", path, "--device", "local",
                "--space", "ort,ort-tvm,tvm-relax", "--tvm-trials", str(args.trials), "--budget", str(args.budget),
-               "--max-candidates", "2", "--finalists", "9", "--rounds", str(args.rounds), "--db", str(db),
+               "--max-candidates", "5", "--finalists", "14", "--rounds", str(args.rounds), "--db", str(db),
                "--format", "json"]
         t0 = time.monotonic()
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})

@@ -1,0 +1,258 @@
+"""The Python agent's zygote (device_agents/PROTOCOL.md "The zygote"): runtime configurations run
+in a fork of a process that has the runtimes imported, under the same supervisor; everything else,
+and every case where the zygote cannot be trusted to be ours, runs in a fresh process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgetune.agent.host import PYTHON_AGENT
+from tests.fixtures.tiny import build_tiny
+
+IDLE_S = "20"
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """A private copy of the agent (its own zygote) and the tiny model; its zygote is stopped after."""
+    a = tmp_path / "agent" / "edgetune_agent.py"
+    a.parent.mkdir()
+    shutil.copyfile(PYTHON_AGENT, a)
+    yield a
+    for pid in zygotes(a):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return build_tiny(tmp_path / "tiny.onnx")
+
+
+def zygotes(agent: Path) -> list[int]:
+    want = b"\0".join(os.fsencode(x) for x in (sys.executable, os.path.realpath(agent), "serve")) + b"\0"
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == want:
+                    out.append(int(pid))
+            except OSError:
+                continue
+    return out
+
+
+def zygote_name(agent: Path) -> str:
+    key = hashlib.sha256(f"{os.getuid()}:{os.path.realpath(agent)}".encode()).hexdigest()[:32]
+    return "\0edgetune-zygote-" + key
+
+
+def wait_zygote(agent: Path, present: bool = True, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        up = bool(zygotes(agent))
+        if up and present:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(zygote_name(agent))  # bound: it serves (the connection it gets is dropped)
+                return
+            except OSError:
+                pass
+            finally:
+                s.close()
+        elif not up and not present:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"zygote {'never came up' if present else 'still running'}")
+
+
+def request(tmp_path: Path, model: Path, backend: str = "ort", **extra) -> dict:
+    x = np.random.default_rng(5).standard_normal((4, 16)).astype(np.float32)
+    xp = tmp_path / "x.npy"
+    np.save(xp, x)
+    art = model
+    req = {"protocol": 3, "backend": backend, "artifact": str(art),
+           "artifact_sha256": hashlib.sha256(art.read_bytes()).hexdigest(), "params": {}, "input_names": ["x"],
+           "inputs": [[str(xp)]], "outputs": [{"name": "y", "dtype": "float32", "shape": [4, 8]}],
+           "warmup_ms": 2.0, "budget_ms": 5.0, "min_iters": 5, "max_iters": 1000, "fresh_seed": 7,
+           "check_iters": 2, "check_fastest": 1, "probe_pairs": 2,
+           "limits": {"memory_mb": 1024, "max_procs": 16, "timeout_s": 30}, "max_bundle_bytes": 10 << 20}
+    req.update(extra)
+    return req
+
+
+def run(agent: Path, req: dict, env: dict | None = None, timeout: float = 60) -> tuple[dict, dict]:
+    jobdir = agent.parent.parent / "jobs" / uuid.uuid4().hex[:10]
+    e = {**os.environ, "EDGETUNE_AGENT_ZYGOTE_IDLE_S": IDLE_S, **(env or {})}
+    p = subprocess.run([sys.executable, "-S", str(agent), "run-stdio", str(jobdir)], input=json.dumps(req).encode(),
+                       capture_output=True, timeout=timeout, env=e)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-2000:]
+    files = bundle(p.stdout)
+    assert not jobdir.exists()
+    return json.loads(files["result.json"]), files
+
+
+def bundle(out: bytes) -> dict[str, bytes]:
+    assert out.startswith(b"EDGETUNE-BUNDLE 1\n"), out[:200]
+    pos, files = len(b"EDGETUNE-BUNDLE 1\n"), {}
+    while True:
+        nl = out.index(b"\n", pos)
+        line = out[pos:nl].decode()
+        if line == "END":
+            assert nl + 1 == len(out)
+            return files
+        name, size = line.rsplit(" ", 1)
+        files[name] = out[nl + 1:nl + 1 + int(size)]
+        pos = nl + 1 + int(size)
+
+
+def isolation(res: dict) -> str:
+    assert res["status"] == "ok", res["reason"]
+    return res["limits_enforced"]["isolation"]
+
+
+def test_runtime_configurations_run_on_the_zygote_with_the_same_outputs(agent, tiny, tmp_path):
+    first, f1 = run(agent, request(tmp_path, tiny))
+    assert isolation(first) == "fresh process"  # no zygote yet: started after this job
+    wait_zygote(agent)
+    second, f2 = run(agent, request(tmp_path, tiny))
+    assert isolation(second) == "fork of the zygote"
+    assert f1["out_0_0.npy"] == f2["out_0_0.npy"]  # the same job, the same answer
+    assert second["limits_enforced"]["leftovers"] == "subreaper" and second["leftover_processes"] == 0
+    zpid = zygotes(agent)
+    assert len(zpid) == 1
+    third, _ = run(agent, request(tmp_path, tiny))
+    assert isolation(third) == "fork of the zygote" and zygotes(agent) == zpid  # one zygote, kept
+
+
+def test_code_a_candidate_brings_and_opt_outs_run_fresh(agent, tiny, tmp_path):
+    run(agent, request(tmp_path, tiny))
+    wait_zygote(agent)
+    adapter = tmp_path / "ad.py"
+    adapter.write_text(
+        "import onnxruntime as ort\n"
+        "def load(model_path, params):\n"
+        "    s = ort.InferenceSession(model_path)\n"
+        "    return lambda inputs: s.run(None, {'x': inputs[0]})\n")
+    req = request(tmp_path, adapter, backend="adapter")
+    req["model"] = {"path": str(tiny), "sha256": hashlib.sha256(tiny.read_bytes()).hexdigest()}
+    res, _ = run(agent, req)
+    assert res["limits_enforced"]["isolation"] == "fresh process"
+    res, _ = run(agent, request(tmp_path, tiny, fresh_process=True))
+    assert isolation(res) == "fresh process"
+    lib = request(tmp_path, tiny)
+    lib["params"] = {"custom_ops_library": "libx.so"}  # a hybrid's native code: never on the zygote
+    res, _ = run(agent, lib)
+    assert res["limits_enforced"]["isolation"] == "fresh process"
+
+
+def test_a_changed_agent_file_or_import_time_environment_gets_a_fresh_process(agent, tiny, tmp_path):
+    run(agent, request(tmp_path, tiny))
+    wait_zygote(agent)
+    res, _ = run(agent, request(tmp_path, tiny), env={"OMP_NUM_THREADS": "1"})
+    assert isolation(res) == "fresh process"  # the zygote imported its runtimes under another value
+    wait_zygote(agent, present=False)  # and it went: stale
+    run(agent, request(tmp_path, tiny))
+    wait_zygote(agent)
+    agent.write_bytes(agent.read_bytes() + b"\n# changed\n")
+    res, _ = run(agent, request(tmp_path, tiny))
+    assert isolation(res) == "fresh process"
+    wait_zygote(agent, present=False)
+
+
+def test_an_impostor_on_the_zygote_socket_is_not_trusted(agent, tiny, tmp_path):
+    """A process of the same user holding the zygote's name but not being `python AGENT serve`
+    (what a candidate's leftover would be) gets no job: the client runs it itself."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(zygote_name(agent))
+    srv.listen(4)
+    served = []
+
+    def fake():
+        srv.settimeout(30)
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        served.append(1)
+        conn.sendall(b"go 1\nrc 0\n")  # claims the job ran and succeeded
+        conn.close()
+
+    t = threading.Thread(target=fake, daemon=True)
+    t.start()
+    try:
+        res, files = run(agent, request(tmp_path, tiny), env={"EDGETUNE_AGENT_ZYGOTE": "1"})
+        assert isolation(res) == "fresh process" and "out_0_0.npy" in files
+    finally:
+        srv.close()
+        t.join(5)
+
+
+def test_a_killed_client_stops_its_job_on_the_zygote(agent, tiny, tmp_path):
+    run(agent, request(tmp_path, tiny))
+    wait_zygote(agent)
+    req = request(tmp_path, tiny, budget_ms=60_000.0, min_iters=10_000_000, max_iters=10_000_000)
+    req["limits"]["timeout_s"] = 60
+    jobdir = agent.parent.parent / "jobs" / "killed"
+    p = subprocess.Popen([sys.executable, "-S", str(agent), "run-stdio", str(jobdir)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "EDGETUNE_AGENT_ZYGOTE_IDLE_S": IDLE_S})
+    p.stdin.write(json.dumps(req).encode())
+    p.stdin.close()
+    zpid = zygotes(agent)[0]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _children(zpid):
+        time.sleep(0.02)
+    job = _children(zpid)
+    assert job, "the zygote took the job"
+    time.sleep(0.3)
+    p.kill()  # SIGKILL: no relay; the supervisor sees its client hang up
+    p.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in job):
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in job), "the job's supervisor kept running after its client died"
+    assert not jobdir.exists()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+                if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
+                    out.append(int(d))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] != "Z"
+
+
+def test_the_zygote_leaves_when_idle(agent, tiny, tmp_path):
+    run(agent, request(tmp_path, tiny), env={"EDGETUNE_AGENT_ZYGOTE_IDLE_S": "1"})
+    wait_zygote(agent)
+    wait_zygote(agent, present=False, timeout=15)

@@ -124,6 +124,11 @@ def test_spliced_model_runs_tvm_kernels_inside_onnxruntime(tvm, model, tmp_path)
     assert ops.count("Conv") == 2  # the 1x1 and the dilated conv
     assert {"act1", "act2", "act3"}.isdisjoint(n.name for n in m.graph.node)
     assert {t.name for t in m.graph.initializer}.isdisjoint({"lo", "hi"})  # the fused Clip's bounds went
+    # each spliced output's shape is in the model: onnxruntime cannot infer it through a custom op,
+    # and without it its layout transformer and fusions stop there
+    vi = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in m.graph.value_info}
+    assert vi["a1"] == [1, 8, 10, 10] and vi["a2"] == [1, 16, 5, 5] and vi["a3"] == [1, 16, 5, 5]
+    assert vi["c4"] == [1, 16, 5, 5]
     x = np.random.default_rng(3).standard_normal(SHAPE["x"]).astype(np.float32)
     ref = _session(model, None).run(None, {"x": x})[0]
     for threads in (1, 2):  # the kernels' parallel loops on onnxruntime's own pool

@@ -143,13 +143,17 @@ def forge_info(scenario: str, raw: bytes) -> bytes:
 
 def main(real: str, scenario: str) -> None:
     args = sys.argv[1:]
+    flags = []
+    while args and args[0].startswith("-") and args[0] != "-c":  # interpreter flags (the host passes -S)
+        flags.append(args.pop(0))
     if len(args) < 2 or not args[0].endswith("edgetune_agent.py") or args[1] not in ("info", "run-stdio"):
-        os.execv(real, [real] + args)
+        os.execv(real, [real] + flags + args)
+    real_argv = [real] + flags
     if args[1] == "info":
-        p = subprocess.run([real] + args, capture_output=True)
+        p = subprocess.run(real_argv + args, capture_output=True)
         sys.stdout.buffer.write(forge_info(scenario, p.stdout) if scenario.startswith("info-") else p.stdout)
         sys.exit(p.returncode)
-    p = subprocess.run([real] + args, input=sys.stdin.buffer.read(), capture_output=True)
+    p = subprocess.run(real_argv + args, input=sys.stdin.buffer.read(), capture_output=True)
     if scenario == "honest" or scenario.startswith("info-") or MAGIC not in p.stdout:
         sys.stdout.buffer.write(p.stdout)
         sys.exit(p.returncode)

@@ -256,3 +256,51 @@ def test_the_zygote_leaves_when_idle(agent, tiny, tmp_path):
     run(agent, request(tmp_path, tiny), env={"EDGETUNE_AGENT_ZYGOTE_IDLE_S": "1"})
     wait_zygote(agent)
     wait_zygote(agent, present=False, timeout=15)
+
+
+def test_host_jobs_use_the_zygote_unless_the_device_opts_out(tmp_path, tiny):
+    """Through the host's real path: a device's jobs go to its agent's zygote once it is up; a device
+    added with --no-zygote runs every job in a fresh agent process."""
+    from edgetune.db import Store
+    from edgetune.devices.inventory import Inventory
+    from edgetune.space import Prepared
+    from edgetune.tune import DeviceTuner, TuneConfig
+    from edgetune.workload import build_workload, load_model
+    from tests.unit.test_cli import run as cli
+
+    home = tmp_path / "home"
+    p = cli(["devices", "add", "plain", "local", "--no-zygote"], home)
+    assert p.returncode == 0, p.stderr
+    assert "zygote = false" in (home / "devices.toml").read_text()
+    inv = Inventory(home / "devices.toml")
+    plain = dataclasses_replace(inv.get("plain"), tmp_path / "wd-plain")
+    inv.add("kept", "local", workdir=str(tmp_path / "wd-kept"))
+    model = load_model(tiny)
+    wl = build_workload(model, {"batch": 4})
+    prep = Prepared("ort", model.path, {})
+    seen = {}
+    for name, spec in (("kept", inv.get("kept")), ("plain", plain)):
+        tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=()))
+        try:
+            got = []
+            for i in range(3):
+                res = tuner._job(wl, prep, budget_ms=5.0)
+                assert res.status == "ok", res.reason
+                got.append(res.limits_enforced.get("isolation"))
+                if i == 0 and name == "kept":
+                    agent = Path(tuner.client.workdir) / "agent" / "edgetune_agent.py"
+                    wait_zygote(agent)
+            seen[name] = got
+        finally:
+            if tuner.client is not None:
+                tuner.client.close()
+            for pid in zygotes(Path(spec.options.get("workdir", "")) / "agent" / "edgetune_agent.py"):
+                os.kill(pid, signal.SIGKILL)
+    assert seen["kept"] == ["fresh process", "fork of the zygote", "fork of the zygote"]
+    assert seen["plain"] == ["fresh process"] * 3
+
+
+def dataclasses_replace(spec, workdir: Path):
+    import dataclasses
+
+    return dataclasses.replace(spec, options={**spec.options, "workdir": str(workdir)})

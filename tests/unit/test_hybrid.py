@@ -197,7 +197,7 @@ def test_companion_files_travel_with_the_model(tvm, model, tmp_path):
             external_data_files(tmp_path / "bad.onnx")
 
 
-def test_tune_races_the_hybrid_and_verifies_it_end_to_end(tvm, model, tmp_path, monkeypatch):
+def test_tune_races_the_hybrid_and_verifies_it_end_to_end(tvm, tmp_path, monkeypatch):
     """The hybrid space on the host device: kernels tuned and verified on the device, the spliced
     model built, measured and verified like any candidate; the candidate confirmed faster or not,
     and a tvm-faster hybrid only when some kernel was confirmed faster than onnxruntime's nodes."""
@@ -205,8 +205,9 @@ def test_tune_races_the_hybrid_and_verifies_it_end_to_end(tvm, model, tmp_path, 
     from edgetune.tune import TuneConfig, tune
 
     monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
+    model = build_depthwise(tmp_path / "dw1.onnx", minimal=True)  # one depthwise node: one kernel to tune
     cfg = TuneConfig(budget_s=3.0, rounds=1, finalists=2, timeout_s=60, spaces=("ort", "ort-tvm"),
-                     max_candidates=2, tvm_trials=8)
+                     max_candidates=2, tvm_trials=4)
     out = tune(str(model), ["local"], db=tmp_path / "t.db", config=cfg)
     dev = out.devices[0]
     assert dev.status == "complete", dev.error

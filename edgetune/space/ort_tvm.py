@@ -267,8 +267,14 @@ class OrtTvmSpace:
         from edgetune.kernels.session import KernelSessionConfig, tune_kernels
 
         specs = sorted({s.workload.spec() for s in sites})
-        key = hashlib.sha256(json.dumps([workload.model.sha256, specs, info.fingerprint_key, trials]).encode()
-                             ).hexdigest()[:20]
+        import tvm
+
+        from edgetune import __version__
+
+        # the verdicts hold for these runtimes: another onnxruntime, TVM or edgetune tunes again
+        versions = [__version__, tvm.__version__, str(info.runtimes.get("onnxruntime")), info.agent_version]
+        key = hashlib.sha256(json.dumps([workload.model.sha256, specs, info.fingerprint_key, trials, versions]
+                                        ).encode()).hexdigest()[:20]
         if key in self._sessions:
             return self._sessions[key]
         record = cache_dir / f"ort-tvm-kernels-{key}.json"

@@ -173,8 +173,8 @@ class DeviceTuner:
                 space = load_space(name)
             except (KeyError, ImportError):
                 continue
-            cands = (space.candidates(model, info, self.cfg.tvm_trials)
-                     if name == "tvm-tuned" or getattr(space, "wants_trials", False) else space.candidates(model, info))
+            cands = (space.candidates(model, info, self.cfg.tvm_trials) if getattr(space, "wants_trials", False)
+                     else space.candidates(model, info))
             if self.cfg.max_candidates is not None and cands:
                 base = [c for c in cands if c.baseline]
                 rest = [c for c in cands if not c.baseline]

@@ -79,6 +79,11 @@ class Model:
         return self.path.stem
 
 
+def _plain_name(name: str) -> bool:
+    """A file name with no directory part: a file in the model's own directory."""
+    return bool(name) and Path(name).name == name and name not in (".", "..")
+
+
 def external_data_files(path: Path) -> list[str]:
     """The files an ONNX model refers to, relative to the model's directory, so that whoever moves
     the model moves them too: its external data (``location`` entries) and the companion files of
@@ -103,7 +108,7 @@ def external_data_files(path: Path) -> list[str]:
         if not uses_external_data(t):
             continue
         loc = next((e.value for e in t.external_data if e.key == "location"), "")
-        if not loc or Path(loc).name != loc or loc in (".", ".."):
+        if not _plain_name(loc):
             raise UserInputError(f"{path.name}: external data location {loc!r} is not a file next to the model")
         if loc not in out:
             out.append(loc)
@@ -117,7 +122,7 @@ def external_data_files(path: Path) -> list[str]:
         if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
             raise UserInputError(f"{path.name}: edgetune:companions metadata is not a list of file names")
         for loc in names:
-            if not loc or Path(loc).name != loc or loc in (".", ".."):
+            if not _plain_name(loc):
                 raise UserInputError(f"{path.name}: companion file {loc!r} is not a file next to the model")
             if not (path.parent / loc).is_file():
                 raise UserInputError(f"{path.name}: companion file {loc} is missing")
@@ -665,31 +670,37 @@ def _shapes_only(m) -> None:
     m.graph.initializer.extend(keep)
 
 
-def _count_flops(path: str, input_shapes: tuple[tuple[str, tuple[int, ...]], ...],
-                 deadline: Deadline | None) -> float | None:
+def known_shapes(m, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """Every value's static shape that onnx shape inference finds with the graph inputs' dims bound
+    to ``input_shapes`` (bound in ``m`` itself); what onnx raises passes through."""
     import onnx
 
+    for vi in m.graph.input:
+        if vi.name in input_shapes:
+            dims = vi.type.tensor_type.shape.dim
+            for d, n in zip(dims, input_shapes[vi.name]):
+                d.ClearField("dim_param")
+                d.dim_value = int(n)
+    inferred = onnx.shape_inference.infer_shapes(m)
+    known: dict[str, tuple[int, ...]] = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            known[vi.name] = tuple(int(d.dim_value) for d in dims)
+    return known
+
+
+def _count_flops(path: str, input_shapes: tuple[tuple[str, tuple[int, ...]], ...],
+                 deadline: Deadline | None) -> float | None:
     _check(deadline, "FLOP count")
     try:
         m = _onnx_skeleton(Path(path))  # shapes only: initializer dims are in the graph
         weights = {init.name: tuple(int(d) for d in init.dims) for init in m.graph.initializer}
         _shapes_only(m)
-        shapes = dict(input_shapes)
-        for vi in m.graph.input:
-            if vi.name in shapes:
-                dims = vi.type.tensor_type.shape.dim
-                for d, n in zip(dims, shapes[vi.name]):
-                    d.ClearField("dim_param")
-                    d.dim_value = int(n)
-        m = onnx.shape_inference.infer_shapes(m)
+        known = known_shapes(m, dict(input_shapes))
     except Exception:  # noqa: BLE001 - no count is a skipped roofline check, not an error
         return None
     _check(deadline, "FLOP count")
-    known: dict[str, tuple[int, ...]] = {}
-    for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            known[vi.name] = tuple(int(d.dim_value) for d in dims)
     known.update(weights)
     macs = 0
     constant = set(weights)

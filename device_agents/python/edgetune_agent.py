@@ -1674,14 +1674,11 @@ def _recv_line(sock, limit=256):
     return buf.decode("ascii", "replace").strip()
 
 
-def via_zygote(jobdir, data):
-    """Run the job on the zygote: its exit code, or None to run it here (no zygote, not eligible,
-    stale). Once the zygote has taken the job ("go"), this process only waits and relays signals."""
+def via_zygote(jobdir, data, req):
+    """Run the job (``data``, parsed: ``req``) on the zygote: its exit code, or None to run it here
+    (no zygote, not eligible, stale). Once the zygote has taken the job ("go"), this process only
+    waits and relays signals."""
     if os.environ.get("EDGETUNE_AGENT_ZYGOTE", "1") == "0":
-        return None
-    try:
-        req = json.loads(data.decode("utf-8"))
-    except ValueError:
         return None
     if not zygote_eligible(req) or not _prctl(PR_SET_CHILD_SUBREAPER, 1):
         return None  # without a subreaper a job's process could outlive it, and pose as the zygote
@@ -1781,18 +1778,14 @@ def cmd_serve():
     srv.settimeout(1.0)
     last, children = time.monotonic(), set()
     while not stop:
-        for pid in list(children):
+        while True:  # the jobs, and their orphans (this is their subreaper)
             try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    children.discard(pid)
+                pid = os.waitpid(-1, os.WNOHANG)[0]
             except ChildProcessError:
-                children.discard(pid)
-        while True:  # orphans of jobs come here (subreaper): reap them
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
+                pid = 0
+            if not pid:
                 break
+            children.discard(pid)
         if not os.path.exists(me) or (not children and time.monotonic() - last > ZYGOTE_IDLE_S):
             break
         try:
@@ -1894,7 +1887,8 @@ def main(argv):
         return cmd_run(argv[2])
     if len(argv) == 3 and argv[1] == "run-stdio":
         data = sys.stdin.buffer.read()
-        rc = via_zygote(argv[2], data)
+        req = _loads(data)
+        rc = via_zygote(argv[2], data, req)
         if rc is not None:
             return rc
         _site()
@@ -1903,7 +1897,7 @@ def main(argv):
             sys.stdout.flush()
         except OSError:
             pass
-        if zygote_eligible(_loads(data)):
+        if zygote_eligible(req):
             start_zygote()  # for the next job, after this one: never beside a timed run
         return rc
     if len(argv) == 2 and argv[1] == "serve":

@@ -31,8 +31,8 @@ def tune_cmd(
                                             "--accuracy cosine=0.999 [max-abs=X, top1=X]; adds 'ort-int8' to "
                                             "--space. Without it only exact candidates are selected"),
     tvm_trials: int = typer.Option(0, "--tvm-trials", min=0,
-                                   help="MetaSchedule trials per kernel for the tvm-tuned and ort-tvm (hybrid) candidates "
-                                        "(adds 'tvm-tuned' to --space)"),
+                                   help="MetaSchedule trials in all, the same total for the tvm-tuned and ort-tvm (hybrid) "
+                                        "candidates (adds 'tvm-tuned' to --space)"),
     adapter: List[str] = typer.Option([], "--adapter", help="a Python runtime adapter .py to add as a candidate"),
     rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved measuring rounds for the finalists"),
     finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),

@@ -50,7 +50,7 @@ from edgetune.agent.host import AgentInfo
 from edgetune.candidate import REWRITE_KEYS, Candidate
 from edgetune.errors import EdgetuneError
 from edgetune.space import BuildFailed, Prepared
-from edgetune.workload import Model, Workload
+from edgetune.workload import Model, Workload, known_shapes
 
 DOMAIN = "ai.edgetune"
 OP = "TvmKernel"
@@ -92,26 +92,15 @@ def _const(graph_consts: dict[str, Any], name: str) -> float | None:
 def depthwise_sites(model_path: Path, input_shapes: dict[str, tuple[int, ...]]) -> list[Site]:
     """Every depthwise Conv of the model the hybrid can run, at these input shapes."""
     import onnx
-    from onnx import numpy_helper, shape_inference
+    from onnx import numpy_helper
 
     from edgetune.kernels.workloads import DepthwiseConvFused
 
     m = onnx.load(str(model_path), load_external_data=False)
-    for inp in m.graph.input:
-        if inp.name in input_shapes:
-            dims = inp.type.tensor_type.shape.dim
-            for d, v in zip(dims, input_shapes[inp.name]):
-                d.ClearField("dim_param")
-                d.dim_value = int(v)
     try:
-        m = shape_inference.infer_shapes(m)
+        shapes = known_shapes(m, input_shapes)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types
         raise BuildFailed(f"shape inference failed: {str(exc).splitlines()[0][:200]}") from exc
-    shapes: dict[str, tuple[int, ...]] = {}
-    for vi in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
-            shapes[vi.name] = tuple(d.dim_value for d in dims)
     inits = {i.name: i for i in m.graph.initializer}
     small = {n: numpy_helper.to_array(t) for n, t in inits.items()
              if not t.external_data and int(math.prod(t.dims)) == 1}
@@ -246,13 +235,9 @@ class OrtTvmSpace:
         self._sessions: dict[str, dict[str, Any]] = {}  # kernel-session outcome per (model, shapes, device, trials)
 
     def available(self, model: Model, info: AgentInfo) -> bool:
-        if model.format != "onnx" or "onnxruntime" not in info.runtimes:
-            return False
-        try:
-            import tvm  # noqa: F401  (the host compiles the kernels)
-        except ImportError:
-            return False
-        return True
+        from edgetune.space.tvm_relax import tvm_on_host  # the host compiles the kernels
+
+        return model.format == "onnx" and "onnxruntime" in info.runtimes and tvm_on_host()
 
     def candidates(self, model: Model, info: AgentInfo, trials: int = 0) -> list[Candidate]:
         if trials <= 0 or not self.available(model, info):

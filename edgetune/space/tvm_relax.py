@@ -30,6 +30,15 @@ from edgetune.space.ort import thread_counts
 from edgetune.workload import Model, Workload
 
 
+def tvm_on_host() -> bool:
+    """Whether the host can build with TVM (the optional ``tvm`` extra)."""
+    try:
+        import tvm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def device_target(info: AgentInfo) -> tuple[dict, str | None]:
     """The TVM target for a device (from what its agent reports) and the cross compiler if any."""
     cores = int(info.fingerprint.get("cores") or 1)
@@ -70,19 +79,14 @@ class TvmRelaxSpace:
     name = "tvm-relax"
     wants_spec = True  # tvm-tuned measures kernels on the device itself
     wants_progress = True  # and takes minutes: progress({"kernel", "trials", "best_gflops"}) as it goes
+    wants_trials = True  # candidates(..., trials): TuneConfig.tvm_trials (tvm-tuned only)
 
     def __init__(self, tuned: bool = False):
         self.tuned = tuned
         self.backend = "tvm-tuned" if tuned else "tvm-relax"
 
     def available(self, model: Model, info: AgentInfo) -> bool:
-        if model.format != "onnx" or "tvm" not in info.runtimes or info.python is None:
-            return False
-        try:
-            import tvm  # noqa: F401  (the host builds the artifact)
-        except ImportError:
-            return False
-        return True
+        return model.format == "onnx" and "tvm" in info.runtimes and info.python is not None and tvm_on_host()
 
     def candidates(self, model: Model, info: AgentInfo, trials: int = 0) -> list[Candidate]:
         if not self.available(model, info) or (self.tuned and trials <= 0):

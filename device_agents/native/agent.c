@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "fingerprint.h"
 #include "json.h"
 #include "sha256.h"
 #include "tensor.h"
@@ -82,63 +83,8 @@ const char* param_str(const jval* params, const char* key) {
   return json_str(json_get(params, key));
 }
 
-static char* read_text(const char* path, size_t max) {
-  FILE* f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 4096, len = 0;
-  char* buf = (char*)malloc(cap);
-  if (!buf) { fclose(f); return NULL; }
-  for (;;) {
-    if (len + 1 >= cap) {
-      if (cap >= max) break;
-      char* nb = (char*)realloc(buf, cap * 2);
-      if (!nb) break;
-      buf = nb;
-      cap *= 2;
-    }
-    size_t n = fread(buf + len, 1, cap - len - 1, f);
-    if (n == 0) break;
-    len += n;
-  }
-  fclose(f);
-  buf[len] = 0;
-  return buf;
-}
-
-static void trim(char* s) {
-  size_t n = strlen(s);
-  while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
-  size_t i = 0;
-  while (isspace((unsigned char)s[i])) i++;
-  if (i) memmove(s, s + i, n - i + 1);
-}
-
-/* One "key : value" line of /proc/cpuinfo (first match), or "key=value" of a .prop file. */
-static int field(const char* text, const char* key, char sep, char* out, size_t outlen) {
-  size_t klen = strlen(key);
-  for (const char* line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-    if (strncmp(line, key, klen)) continue;
-    const char* p = line + klen;
-    while (*p == ' ' || *p == '\t') p++;
-    if (*p != sep) continue;
-    p++;
-    size_t n = 0;
-    while (p[n] && p[n] != '\n') n++;
-    if (n >= outlen) n = outlen - 1;
-    memcpy(out, p, n);
-    out[n] = 0;
-    trim(out);
-    if (out[0] == '"' && n >= 2 && out[strlen(out) - 1] == '"') { /* os-release quoting */
-      memmove(out, out + 1, strlen(out));
-      out[strlen(out) - 1] = 0;
-    }
-    return 0;
-  }
-  return -1;
-}
-
 static long long read_ll(const char* path) {
-  char* t = read_text(path, 4096);
+  char* t = et_read_text(path, 4096);
   if (!t) return -1;
   char* end;
   long long v = strtoll(t, &end, 10);
@@ -187,76 +133,10 @@ static void cpu_freqs(sbuf* out, const char* file, const char* when_none) {
   sb_free(&tmp);
 }
 
-static char* android_prop(const char* key, char* out, size_t outlen) {
-  static const char* files[] = {"/system/build.prop", "/vendor/build.prop", "/odm/etc/build.prop",
-                                "/product/etc/build.prop"};
-  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-    char* t = read_text(files[i], 1 << 20);
-    if (!t) continue;
-    int rc = field(t, key, '=', out, outlen);
-    free(t);
-    if (rc == 0 && out[0]) return out;
-  }
-  return NULL;
-}
-
 static void write_fingerprint(sbuf* o) {
-  struct utsname u;
-  uname(&u);
-  char* cpuinfo = read_text("/proc/cpuinfo", 1 << 20);
-  char model[256] = "", soc[256] = "", v[256];
-  if (cpuinfo) {
-    if (field(cpuinfo, "model name", ':', v, sizeof v) == 0) snprintf(model, sizeof model, "%s", v);
-    else if (field(cpuinfo, "Processor", ':', v, sizeof v) == 0) snprintf(model, sizeof model, "%s", v);
-    else if (field(cpuinfo, "cpu model", ':', v, sizeof v) == 0) snprintf(model, sizeof model, "%s", v);
-    if (!model[0] || !strcmp(model, "AArch64 Processor")) {
-      char impl[64], part[64];
-      if (field(cpuinfo, "CPU implementer", ':', impl, sizeof impl) == 0 &&
-          field(cpuinfo, "CPU part", ':', part, sizeof part) == 0)
-        snprintf(model, sizeof model, "implementer %s part %s", impl, part);
-    }
-    if (field(cpuinfo, "Hardware", ':', v, sizeof v) == 0) snprintf(soc, sizeof soc, "%s", v);
-  }
-  if (!soc[0] && (android_prop("ro.soc.model", v, sizeof v) || android_prop("ro.board.platform", v, sizeof v)))
-    snprintf(soc, sizeof soc, "%s", v);
-  free(cpuinfo);
-  if (!model[0]) snprintf(model, sizeof model, "%s", u.machine);
-
-  char os[512] = "";
-  char* osr = read_text("/etc/os-release", 1 << 16);
-  if (osr && field(osr, "PRETTY_NAME", '=', v, sizeof v) == 0) snprintf(os, sizeof os, "%s", v);
-  free(osr);
-  if (!os[0]) {
-    char rel[64], id[128];
-    if (android_prop("ro.build.version.release", rel, sizeof rel)) {
-      if (android_prop("ro.build.fingerprint", v, sizeof v)) snprintf(os, sizeof os, "Android %s (%s)", rel, v);
-      else if (android_prop("ro.build.id", id, sizeof id)) snprintf(os, sizeof os, "Android %s (%s)", rel, id);
-      else snprintf(os, sizeof os, "Android %s", rel);
-    }
-  }
-  if (!os[0]) snprintf(os, sizeof os, "%s", u.sysname);
-
-  char* gov = read_text("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor", 256);
-  if (gov) trim(gov);
-
-  sb_raw(o, "{\"cpu_model\":");
-  sb_str(o, model);
-  sb_raw(o, ",\"soc\":");
-  sb_str(o, soc[0] ? soc : NULL);
-  sb_printf(o, ",\"cores\":%d,\"max_freq_khz\":", (int)sysconf(_SC_NPROCESSORS_CONF));
-  cpu_freqs(o, "cpuinfo_max_freq", "[]");
-  sb_raw(o, ",\"kernel\":");
-  sb_str(o, u.release);
-  sb_raw(o, ",\"os\":");
-  sb_str(o, os);
-  sb_raw(o, ",\"governor\":");
-  sb_str(o, gov && gov[0] ? gov : NULL);
-  /* a board whose binaries run under emulation says so: its timings are never compared */
-  const char* emu = getenv("EDGETUNE_EMULATED");
-  sb_raw(o, ",\"emulated\":");
-  sb_str(o, emu && emu[0] ? emu : NULL);
-  sb_raw(o, "}");
-  free(gov);
+  et_fingerprint fp;
+  et_fingerprint_collect(&fp);
+  et_fingerprint_json(o, &fp);
 }
 
 static int cmd_info(const char* dir) {
@@ -379,7 +259,7 @@ static void device_state(sbuf* o) {
       long long t = read_ll(path);
       if (t < 0 || t > 200000) continue; /* not readable or not a plausible milli-Celsius */
       snprintf(path, sizeof path, "/sys/class/thermal/%s/type", e->d_name);
-      char* type = read_text(path, 256);
+      char* type = et_read_text(path, 256);
       int cpu = type && (strstr(type, "cpu") || strstr(type, "CPU") || strstr(type, "soc") ||
                          strstr(type, "x86_pkg") || strstr(type, "tsens"));
       free(type);
@@ -583,7 +463,7 @@ static int cmp_i64(const void* a, const void* b) {
 static int run_job(run_state* r) {
   char err[ERRLEN], path[PATH_MAX * 2];
   snprintf(path, sizeof path, "%s/request.json", r->jobdir);
-  char* text = read_text(path, 64u << 20);
+  char* text = et_read_text(path, 64u << 20);
   if (!text) return fail(r, "cannot read request.json: %s", strerror(errno));
   jval* req = json_parse(text, err, sizeof err);
   free(text);
@@ -1257,7 +1137,7 @@ typedef struct {
 } cg_mount;
 
 static int cg_mounts(cg_mount* out, int max) {
-  char* text = read_text("/proc/self/mountinfo", 1 << 20);
+  char* text = et_read_text("/proc/self/mountinfo", 1 << 20);
   int n = 0;
   for (char* line = text; line && *line && n < max;) {
     char* nl = strchr(line, '\n');
@@ -1282,7 +1162,7 @@ static int cg_mounts(cg_mount* out, int max) {
 
 /* this process's cgroup in the hierarchy of ctl ("" for cgroup v2) */
 static int cg_own(const char* ctl, char* out, size_t outlen) {
-  char* text = read_text("/proc/self/cgroup", 1 << 16);
+  char* text = et_read_text("/proc/self/cgroup", 1 << 16);
   int rc = -1;
   for (char* line = text; line && *line && rc;) {
     char* nl = strchr(line, '\n');
@@ -1305,7 +1185,7 @@ static int cg_own(const char* ctl, char* out, size_t outlen) {
 static int cg_pids(const char* dir, pid_t** pids, size_t* cap) {
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/cgroup.procs", dir);
-  char* text = read_text(path, 1 << 22);
+  char* text = et_read_text(path, 1 << 22);
   if (!text) return 0;
   int n = 0;
   for (char* p = text; *p;) {
@@ -2095,7 +1975,7 @@ static int cmd_run_stdio(const char* jobdir, const char* dir) {
   while ((n = fread(buf, 1, sizeof buf, stdin)) > 0) fwrite(buf, 1, n, f);
   if (fclose(f)) { fprintf(stderr, "edgetune-agent: cannot write %s\n", path); return 2; }
   char err[ERRLEN];
-  char* text = read_text(path, 64u << 20);
+  char* text = et_read_text(path, 64u << 20);
   jval* req = text ? json_parse(text, err, sizeof err) : NULL;
   free(text);
   if (req && req->type == J_OBJ && parse_limits(req, &sv.lim, err, sizeof err)) { /* unreadable: the worker says so */

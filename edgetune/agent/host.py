@@ -368,6 +368,23 @@ class AgentClient:
         libs = sorted(capi.glob("libonnxruntime.so*"))
         return libs[0] if libs else None
 
+    def push_files(self, files: Sequence[tuple[Path, str, str | None]]) -> None:
+        """Put local files on the device at remote paths (parents created), each checked by sha256
+        after the push; a file the device already has byte for byte is not pushed again."""
+        dirs = sorted({r.rsplit("/", 1)[0] for _, r, _ in files if "/" in r})
+        if dirs:
+            self._must(["mkdir", "-p", *dirs], "creating directories")
+        have = self._remote_sha256([r for _, r, _ in files])
+        for local, remote, mode in files:
+            if have.get(remote) != sha256_file(local):
+                self._push_verified(Path(local), remote, mode)
+            elif mode:
+                self._must(["chmod", mode, remote], f"chmod {remote}")
+
+    def ort_library_for(self, arch: str) -> Path | None:
+        """The libonnxruntime.so this device's jobs run with (see _ort_library_for)."""
+        return self._ort_library_for(arch)
+
     def cleanup(self) -> None:
         """Remove everything edgetune put on the device (the whole work dir)."""
         self._run(["rm", "-rf", self.workdir], timeout=60)

@@ -32,9 +32,9 @@ from edgetune.hashing import sha256_file  # noqa: F401  (re-exported)
 from edgetune.errors import ToolchainError
 
 AGENT_SRC = Path(__file__).resolve().parents[2] / "device_agents" / "native"
-SOURCES = ("agent.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c",
+SOURCES = ("agent.c", "fingerprint.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c",
            "judge_guard.c")
-HEADERS = ("backend.h", "json.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h", "tvm_abi.h")
+HEADERS = ("backend.h", "fingerprint.h", "json.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h", "tvm_abi.h")
 EMPTY_TABLE = "kernels_none.c"
 AGENT_NAME = "edgetune-agent"
 DEFAULT_ENTRY = "__tvm_ffi_main"
@@ -325,6 +325,61 @@ def build_ortop(target_triple: str | None = None, out_dir: str | os.PathLike | N
         except OSError:  # a concurrent build won the race; theirs is identical
             pass
         return next(iter(sorted(final_dir.glob(f"{ORTOP_PREFIX}*.so"))))
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+LOADER_LIB = "libedgetune_loader.so"
+LOADER_CHECK = "edgetune-check"
+LOADER_SOURCES = ("edgetune_loader.c", "fingerprint.c", "json.c", "npy.c", "sha256.c")
+LOADER_HEADERS = ("edgetune_loader.h", "fingerprint.h", "json.h", "ort_abi.h", "sha256.h", "tensor.h")
+CHECK_SOURCES = ("edgetune_check.c", "json.c")
+
+
+@dataclass(frozen=True)
+class LoaderBuild:
+    """The app loader for one ABI: the library apps link, and the check program ``export check`` runs."""
+
+    triple: str
+    library: Path
+    check: Path
+
+
+def build_loader(target_triple: str | None = None, out_dir: str | os.PathLike | None = None, *,
+                 cc: str | None = None) -> LoaderBuild:
+    """Compile the app loader library (``device_agents/native/edgetune_loader.c``, libc + dlopen)
+    and ``edgetune-check`` for ``target_triple``. Cached like the agent, by sources, compiler and flags."""
+    tc = toolchain(target_triple, cc)
+    libs = ["-ldl", "-lm"] if tc.android else ["-ldl", "-lpthread", "-lm"]
+    lib_flags = ["-shared", "-fPIC", "-fvisibility=hidden", *libs]
+    h = hashlib.sha256()
+    for name in (*LOADER_SOURCES, *LOADER_HEADERS, *CHECK_SOURCES):
+        h.update(name.encode() + b"\0" + (AGENT_SRC / name).read_bytes() + b"\0")
+    key = hashlib.sha256("\n".join([h.hexdigest(), tc.triple, tc.cc, _compiler_identity(tc.cc),
+                                    " ".join(lib_flags)]).encode()).hexdigest()[:20]
+    out_root = Path(out_dir) if out_dir is not None else default_cache_dir()
+    final_dir = out_root / f"loader-{tc.triple}-{key}"
+    built = LoaderBuild(tc.triple, final_dir / LOADER_LIB, final_dir / LOADER_CHECK)
+    if built.library.is_file() and built.check.is_file():
+        return built
+    out_root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".build-loader-", dir=out_root))
+    try:
+        cmds = [[tc.cc, *CFLAGS, *(str(AGENT_SRC / s) for s in LOADER_SOURCES), "-o", str(work / LOADER_LIB), *lib_flags],
+                [tc.cc, *CFLAGS, *(str(AGENT_SRC / s) for s in CHECK_SOURCES), "-o", str(work / LOADER_CHECK), *libs]]
+        for cmd in cmds:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+                raise ToolchainError(f"building the app loader with {tc.cc} failed: " + " | ".join(tail))
+        (work / "BUILD").write_text("\n".join(" ".join(c) for c in cmds) + "\n")
+        try:
+            work.rename(final_dir)
+        except OSError:  # a concurrent build won the race; theirs is identical
+            if not built.library.is_file():
+                raise
+        return built
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)

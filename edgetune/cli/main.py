@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from edgetune import __version__
-from edgetune.cli import bench, db, devices, judge, kernels, pack, report, tune, verify, zoo
+from edgetune.cli import bench, db, devices, export, judge, kernels, pack, report, tune, verify, zoo
 from edgetune.cli.examples import epilog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -20,6 +20,7 @@ app.command("report", epilog=epilog("report"))(report.report_cmd)
 app.add_typer(db.app, name="db")
 app.command("pack", epilog=pack.PACK_EPILOG)(pack.pack_cmd)
 app.add_typer(pack.repro_app, name="repro")
+app.add_typer(export.app, name="export")
 app.add_typer(devices.app, name="devices")
 app.add_typer(zoo.app, name="zoo")
 

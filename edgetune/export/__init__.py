@@ -177,10 +177,11 @@ def _prepared_model(cand: dict[str, Any], dev: _Device, workload, cache: Path) -
     c = Candidate.from_dict(cand["candidate"])
     fp = dict(dev.fingerprint)
     arch = fp.pop("arch", "x86_64")
-    agent = str(dev.versions.get("agent", "native"))
-    info = AgentInfo("python" if agent.startswith("python") else "native", agent, arch, None,
-                     dict(dev.versions.get("device_runtimes") or {}), fp)
+    kind, _, version = str(dev.versions.get("agent", "native ?")).partition(" ")
+    info = AgentInfo(kind, version, arch, None, dict(dev.versions.get("device_runtimes") or {}), fp)
     try:
+        # the tune's own artifact cache: a rewritten model is rebuilt byte for byte, and a hybrid
+        # finds the kernels its tune verified on the device (content-addressed)
         prep = space_of(c).prepare(c, workload, info, cache)
     except (BuildFailed, KeyError, ImportError) as exc:
         raise UserInputError(f"cannot export '{cand['label']}' for {dev.name}: {exc}") from None
@@ -262,163 +263,162 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
         raise UserInputError(f"{src.name} is a {model.format} model; the export packages onnxruntime configurations "
                              f"(ONNX models) only so far")
     stem = src.stem
-    cache = Path(tempfile.mkdtemp(prefix="build-", dir=tmp))
-    try:
-        # golden inputs and outputs per shape point, from the first device's seed (any seed is as good:
-        # the references are computed on the host, independently of every runtime under test)
-        shapes: dict[str, dict[str, Any]] = {}
-        workloads: dict[str, Any] = {}
-        for dev in devices:
-            for sel in dev.selections:
-                if sel.shape_key in shapes:
-                    continue
-                wl = build_workload(model, sel.shape, seed=dev.seed)
-                workloads[sel.shape_key] = wl
-                idx = len(shapes)
-                gdir = app / "golden" / f"s{idx}"
-                gdir.mkdir()
-                ins = wl.input_sets[0]
-                refs = wl.references()[0]
-                names_in, names_out = [], []
-                for i, a in enumerate(ins):
-                    np.save(gdir / f"input_{i}.npy", np.ascontiguousarray(a))
-                    names_in.append(f"golden/s{idx}/input_{i}.npy")
-                outs_spec = []
-                tols = []
-                for i, (spec, r) in enumerate(zip(model.outputs, refs)):
-                    r = np.ascontiguousarray(r)
-                    np.save(gdir / f"output_{i}.npy", r)
-                    names_out.append(f"golden/s{idx}/output_{i}.npy")
-                    outs_spec.append({"name": spec.name, "dtype": str(r.dtype), "shape": list(r.shape)})
-                    tols.append(tolerance_for(str(r.dtype)).as_dict())
-                shapes[sel.shape_key] = {
-                    "shape_key": sel.shape_key, "shape": sel.shape,
-                    "inputs": [{"name": s.name, "dtype": str(a.dtype), "shape": list(a.shape)}
-                               for s, a in zip(model.inputs, ins)],
-                    "outputs": outs_spec,
-                    "golden": {"inputs": names_in, "outputs": names_out, "tolerance": tols, "seed": dev.seed,
-                               "reference": "host, float64 (onnx.reference / numpy), cast to the output dtype"}}
+    from edgetune.devices.inventory import home_subdir
 
-        # one configuration per distinct candidate and model form
-        configs: dict[str, dict[str, Any]] = {}
-        written: dict[tuple[str, str, str], str] = {}  # (model sha, form, level) -> relative path
-
-        def model_file(path: Path, form: str, level: str, custom_ops: Path | None) -> str:
-            key = (sha256_file(path), form, level)
-            if key in written:
-                return written[key]
-            tag = key[0][:12]
-            if form == "ort":
-                rel = f"models/{stem}-{tag}.{level}.ort"
-                progress(f"converting {path.name} to ORT format (optimization level {level})")
-                _save_ort(path, app / rel, level, custom_ops)
-            else:
-                rel = f"models/{stem}-{tag}.onnx"
-                shutil.copyfile(path, app / rel)
-            written[key] = rel
-            return rel
-
-        def add_config(cid: str, cand: dict[str, Any] | None, dev: _Device | None, sel: _Selection | None) -> str:
-            arch = (dev.fingerprint.get("arch") if dev else None) or "x86_64"
-            form = _model_form(arch) if dev else "ort"
-            if cand is None:
-                path, params = src, {}
-            else:
-                path, params = _prepared_model(cand, dev, workloads[sel.shape_key], cache)
-            ops_lib = params.get("custom_ops_library")
-            if ops_lib:
-                # a hybrid: the rewritten model beside its custom-op library and kernels (its companions),
-                # all built for the tuned device's ABI; the model stays ONNX next to them
-                from edgetune.workload import external_data_files
-
-                d = app / "models" / f"hybrid-{sha256_file(path)[:12]}"
-                d.mkdir(exist_ok=True)
-                names = list(dict.fromkeys([path.name, *external_data_files(path), ops_lib]))
-                for name in names:
-                    shutil.copyfile(path.parent / name, d / name)
-                files = [str((d / n).relative_to(app)) for n in names]
-                rel, form, ops_rel = files[0], "onnx", str((d / ops_lib).relative_to(app))
-            else:
-                rel = model_file(path, form, params.get("graph_optimization_level", "all"), None)
-                files, ops_rel = [rel], None
-            configs[cid] = {
-                "runtime": "onnxruntime", "model": rel, "model_form": form,
-                "files": [{"path": f, "sha256": sha256_file(app / f)} for f in files],
-                "custom_ops_library": ops_rel,
-                **_session_fields(params),
-                "precision": params.get("precision", "fp32") if cand else "fp32",
-                "candidate": cand["candidate"] if cand else None,
-                "label": cand["label"] if cand else "onnxruntime defaults (fallback)"}
-            return cid
-
-        dev_docs, figures = [], []
-        for dev in devices:
-            arch = dev.fingerprint.get("arch") or "x86_64"
-            selected = []
-            for sel in dev.selections:
-                key = sel.candidate["candidate"]["key"]
-                cid = f"c-{key}-{_model_form(arch)}"
-                if cid not in configs:
-                    progress(f"{dev.name}: preparing '{sel.candidate['label']}'")
-                    add_config(cid, sel.candidate, dev, sel)
-                entry = {"shape_key": sel.shape_key, "config": cid}
-                if sel.accuracy_budget:
-                    entry["accuracy"] = {k: v for k, v in sel.accuracy_budget.items() if v is not None}
-                selected.append(entry)
-                figures.append(_figure(dev, sel, cid))
-            dev_docs.append({"name": dev.name, "run_id": dev.run_id, "fingerprint_key": dev.fingerprint_key,
-                             "fingerprint": dev.fingerprint, "selected": selected})
-        add_config(FALLBACK_ID, None, None, None)
-
-        # onnxruntime's reduced-build operator list for every ORT-format model in the artifact
-        ort_models = sorted({c["model"] for c in configs.values() if c["model_form"] == "ort"})
-        if ort_models:
-            from onnxruntime.tools.ort_format_model.utils import create_config_from_models
-
-            import logging
-
-            logging.getLogger("ort_format_model.utils").setLevel(logging.WARNING)
-            req = app / "models" / "required_operators.config"
-            create_config_from_models([app / m for m in ort_models], req, enable_type_reduction=False)
-            # the generator names the files by their absolute (temporary) paths: name them as shipped
-            req.write_text(req.read_text().replace(str(app) + "/", ""))
-
-        config = {"schema": CONFIG_SCHEMA, "model": {"name": src.name, "sha256": model_sha},
-                  "shapes": list(shapes.values()), "configs": configs, "devices": dev_docs,
-                  "fallback": {"config": FALLBACK_ID,
-                               "why": "a device the artifact was not tuned on gets onnxruntime's defaults, the "
-                                      "baseline every tune measured"}}
-        (app / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-
-        # loaders, per ABI
-        built, not_built = {}, {}
-        for abi in abis:
-            triple = ABIS[target][abi]
-            try:
-                progress(f"building the loader for {abi}")
-                b = native.build_loader(None if _host_triple(triple) else triple)
-            except ToolchainError as exc:
-                not_built[abi] = str(exc)
+    cache = home_subdir("artifacts")
+    # golden inputs and outputs per shape point, from the first device's seed (any seed is as good:
+    # the references are computed on the host, independently of every runtime under test)
+    shapes: dict[str, dict[str, Any]] = {}
+    workloads: dict[str, Any] = {}
+    for dev in devices:
+        for sel in dev.selections:
+            if sel.shape_key in shapes:
                 continue
-            ldir = tmp / lay["lib"] / abi
-            bdir = tmp / lay["bin"] / abi
-            ldir.mkdir(parents=True, exist_ok=True)
-            bdir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(b.library, ldir / native.LOADER_LIB)
-            shutil.copyfile(b.check, bdir / native.LOADER_CHECK)
-            os.chmod(bdir / native.LOADER_CHECK, 0o755)
-            built[abi] = {"triple": b.triple, "library": f"{lay['lib']}/{abi}/{native.LOADER_LIB}",
-                          "check": f"{lay['bin']}/{abi}/{native.LOADER_CHECK}"}
-        if target == "android" and not (os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")):
-            for abi in abis:
-                not_built[abi] = ("ANDROID_NDK_HOME is not set: the C loader for Android needs the NDK's clang "
-                                  "(the Kotlin loader needs no native code)")
-        (tmp / lay["include"]).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(native.AGENT_SRC / "edgetune_loader.h", tmp / lay["include"] / "edgetune_loader.h")
-        (tmp / lay["kotlin"] / "dev" / "edgetune").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(KOTLIN_SOURCE, tmp / lay["kotlin"] / "dev" / "edgetune" / KOTLIN_SOURCE.name)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+            wl = build_workload(model, sel.shape, seed=dev.seed)
+            workloads[sel.shape_key] = wl
+            idx = len(shapes)
+            gdir = app / "golden" / f"s{idx}"
+            gdir.mkdir()
+            ins = wl.input_sets[0]
+            refs = wl.references()[0]
+            names_in, names_out = [], []
+            for i, a in enumerate(ins):
+                np.save(gdir / f"input_{i}.npy", np.ascontiguousarray(a))
+                names_in.append(f"golden/s{idx}/input_{i}.npy")
+            outs_spec = []
+            tols = []
+            for i, (spec, r) in enumerate(zip(model.outputs, refs)):
+                r = np.ascontiguousarray(r)
+                np.save(gdir / f"output_{i}.npy", r)
+                names_out.append(f"golden/s{idx}/output_{i}.npy")
+                outs_spec.append({"name": spec.name, "dtype": str(r.dtype), "shape": list(r.shape)})
+                tols.append(tolerance_for(str(r.dtype)).as_dict())
+            shapes[sel.shape_key] = {
+                "shape_key": sel.shape_key, "shape": sel.shape,
+                "inputs": [{"name": s.name, "dtype": str(a.dtype), "shape": list(a.shape)}
+                           for s, a in zip(model.inputs, ins)],
+                "outputs": outs_spec,
+                "golden": {"inputs": names_in, "outputs": names_out, "tolerance": tols, "seed": dev.seed,
+                           "reference": "host, float64 (onnx.reference / numpy), cast to the output dtype"}}
+
+    # one configuration per distinct candidate and model form
+    configs: dict[str, dict[str, Any]] = {}
+    written: dict[tuple[str, str, str], str] = {}  # (model sha, form, level) -> relative path
+
+    def model_file(path: Path, form: str, level: str, custom_ops: Path | None) -> str:
+        key = (sha256_file(path), form, level)
+        if key in written:
+            return written[key]
+        tag = key[0][:12]
+        if form == "ort":
+            rel = f"models/{stem}-{tag}.{level}.ort"
+            progress(f"converting {path.name} to ORT format (optimization level {level})")
+            _save_ort(path, app / rel, level, custom_ops)
+        else:
+            rel = f"models/{stem}-{tag}.onnx"
+            shutil.copyfile(path, app / rel)
+        written[key] = rel
+        return rel
+
+    def add_config(cid: str, cand: dict[str, Any] | None, dev: _Device | None, sel: _Selection | None) -> str:
+        arch = (dev.fingerprint.get("arch") if dev else None) or "x86_64"
+        form = _model_form(arch) if dev else "ort"
+        if cand is None:
+            path, params = src, {}
+        else:
+            path, params = _prepared_model(cand, dev, workloads[sel.shape_key], cache)
+        ops_lib = params.get("custom_ops_library")
+        if ops_lib:
+            # a hybrid: the rewritten model beside its custom-op library and kernels (its companions),
+            # all built for the tuned device's ABI; the model stays ONNX next to them
+            from edgetune.workload import external_data_files
+
+            d = app / "models" / f"hybrid-{sha256_file(path)[:12]}"
+            d.mkdir(exist_ok=True)
+            names = list(dict.fromkeys([path.name, *external_data_files(path), ops_lib]))
+            for name in names:
+                shutil.copyfile(path.parent / name, d / name)
+            files = [str((d / n).relative_to(app)) for n in names]
+            rel, form, ops_rel = files[0], "onnx", str((d / ops_lib).relative_to(app))
+        else:
+            rel = model_file(path, form, params.get("graph_optimization_level", "all"), None)
+            files, ops_rel = [rel], None
+        configs[cid] = {
+            "runtime": "onnxruntime", "model": rel, "model_form": form,
+            "files": [{"path": f, "sha256": sha256_file(app / f)} for f in files],
+            "custom_ops_library": ops_rel,
+            **_session_fields(params),
+            "precision": params.get("precision", "fp32") if cand else "fp32",
+            "candidate": cand["candidate"] if cand else None,
+            "label": cand["label"] if cand else "onnxruntime defaults (fallback)"}
+        return cid
+
+    dev_docs, figures = [], []
+    for dev in devices:
+        arch = dev.fingerprint.get("arch") or "x86_64"
+        selected = []
+        for sel in dev.selections:
+            key = sel.candidate["candidate"]["key"]
+            cid = f"c-{key}-{_model_form(arch)}"
+            if cid not in configs:
+                progress(f"{dev.name}: preparing '{sel.candidate['label']}'")
+                add_config(cid, sel.candidate, dev, sel)
+            entry = {"shape_key": sel.shape_key, "config": cid}
+            if sel.accuracy_budget:
+                entry["accuracy"] = {k: v for k, v in sel.accuracy_budget.items() if v is not None}
+            selected.append(entry)
+            figures.append(_figure(dev, sel, cid))
+        dev_docs.append({"name": dev.name, "run_id": dev.run_id, "fingerprint_key": dev.fingerprint_key,
+                         "fingerprint": dev.fingerprint, "selected": selected})
+    add_config(FALLBACK_ID, None, None, None)
+
+    # onnxruntime's reduced-build operator list for every ORT-format model in the artifact
+    ort_models = sorted({c["model"] for c in configs.values() if c["model_form"] == "ort"})
+    if ort_models:
+        from onnxruntime.tools.ort_format_model.utils import create_config_from_models
+
+        import logging
+
+        logging.getLogger("ort_format_model.utils").setLevel(logging.WARNING)
+        req = app / "models" / "required_operators.config"
+        create_config_from_models([app / m for m in ort_models], req, enable_type_reduction=False)
+        # the generator names the files by their absolute (temporary) paths: name them as shipped
+        req.write_text(req.read_text().replace(str(app) + "/", ""))
+
+    config = {"schema": CONFIG_SCHEMA, "model": {"name": src.name, "sha256": model_sha},
+              "shapes": list(shapes.values()), "configs": configs, "devices": dev_docs,
+              "fallback": {"config": FALLBACK_ID,
+                           "why": "a device the artifact was not tuned on gets onnxruntime's defaults, the "
+                                  "baseline every tune measured"}}
+    (app / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+    # loaders, per ABI
+    built, not_built = {}, {}
+    for abi in abis:
+        triple = ABIS[target][abi]
+        try:
+            progress(f"building the loader for {abi}")
+            b = native.build_loader(None if _host_triple(triple) else triple)
+        except ToolchainError as exc:
+            not_built[abi] = str(exc)
+            continue
+        ldir = tmp / lay["lib"] / abi
+        bdir = tmp / lay["bin"] / abi
+        ldir.mkdir(parents=True, exist_ok=True)
+        bdir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(b.library, ldir / native.LOADER_LIB)
+        shutil.copyfile(b.check, bdir / native.LOADER_CHECK)
+        os.chmod(bdir / native.LOADER_CHECK, 0o755)
+        built[abi] = {"triple": b.triple, "library": f"{lay['lib']}/{abi}/{native.LOADER_LIB}",
+                      "check": f"{lay['bin']}/{abi}/{native.LOADER_CHECK}"}
+    if target == "android" and not (os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")):
+        for abi in abis:
+            not_built[abi] = ("ANDROID_NDK_HOME is not set: the C loader for Android needs the NDK's clang "
+                              "(the Kotlin loader needs no native code)")
+    (tmp / lay["include"]).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(native.AGENT_SRC / "edgetune_loader.h", tmp / lay["include"] / "edgetune_loader.h")
+    (tmp / lay["kotlin"] / "dev" / "edgetune").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(KOTLIN_SOURCE, tmp / lay["kotlin"] / "dev" / "edgetune" / KOTLIN_SOURCE.name)
 
     import onnxruntime
 

@@ -224,3 +224,31 @@ def test_tune_races_the_hybrid_and_verifies_it_end_to_end(tvm, tmp_path, monkeyp
     finally:
         store.close()
     assert "kernels" in kinds
+
+    # the hybrid as an app artifact: the spliced model, the custom-op library and the kernels the tune
+    # verified travel together, and the C loader runs them (the selection is made the hybrid here: the
+    # confirmation keeps the default on this one-node model, and the export ships what was selected)
+    import edgetune.export as ex
+    from edgetune.export.check import export_check
+
+    real = ex._load_runs
+
+    def hybrid_selected(*a, **k):
+        devices, path, sha = real(*a, **k)
+        sel = devices[0].selections[0]
+        sel.candidate = next(c for c in dev.summary.as_dict()["shapes"][0]["candidates"]
+                             if c["candidate"]["params"].get("hybrid") == "tvm-all")
+        return devices, path, sha
+
+    monkeypatch.setattr(ex, "_load_runs", hybrid_selected)
+    art = tmp_path / "art"
+    m = ex.export([dev.run_id], "linux", art, db=str(tmp_path / "t.db"), abis=["x86_64-linux-gnu"])
+    cfg = json.loads((art / "config.json").read_text())
+    chosen = cfg["configs"][cfg["devices"][0]["selected"][0]["config"]]
+    assert chosen["custom_ops_library"] and chosen["model_form"] == "onnx"
+    assert len(chosen["files"]) >= 3  # the model, the library, at least one kernel
+    assert all(f["path"] in m["files"] for f in chosen["files"])
+    res = export_check(str(art), "local", iters=3, budget_ms=0)
+    (s,) = res["shapes"]
+    assert res["ok"], s.get("problems") or s.get("error")
+    assert s["loader_selftest"]["ok"] and s["host_verification"]["ok"]

@@ -175,6 +175,9 @@ def _prepared_model(cand: dict[str, Any], dev: _Device, workload, cache: Path) -
     from edgetune.space import BuildFailed, space_of
 
     c = Candidate.from_dict(cand["candidate"])
+    if c.backend != "ort":  # before any build: a TVM Relax build can take minutes
+        raise UserInputError(f"cannot export '{cand['label']}' for {dev.name}: the loaders run onnxruntime "
+                             f"configurations; a {c.backend} configuration is not exported yet")
     fp = dict(dev.fingerprint)
     arch = fp.pop("arch", "x86_64")
     kind, _, version = str(dev.versions.get("agent", "native ?")).partition(" ")

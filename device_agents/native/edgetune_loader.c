@@ -150,6 +150,19 @@ static int check_files(et_session* s, const jval* files, char* err, size_t errle
   return 0;
 }
 
+static int same_str(const jval* v, const char* mine) {
+  const char* s = json_str(v);
+  if (!s || !*s) return !mine || !*mine; /* null and "" are the same absence */
+  return mine && !strcmp(s, mine);
+}
+
+/* a code or model file the session loads must be one whose sha256 was checked */
+static int listed(const jval* files, const char* rel) {
+  for (size_t i = 0; rel && files && files->type == J_ARR && i < files->n; i++)
+    if (same_str(json_get(files->items[i], "path"), rel)) return 1;
+  return 0;
+}
+
 static int parse_io(const jval* list, io_spec* out, int* n, const char* what, char* err, size_t errlen) {
   if (!list || list->type != J_ARR || list->n == 0 || list->n > MAX_IO)
     return fail(err, errlen, "config.json: shape point has no %s", what);
@@ -181,11 +194,6 @@ static int parse_io(const jval* list, io_spec* out, int* n, const char* what, ch
 
 /* ------------------------------------------------------------------ fingerprint match */
 
-static int same_str(const jval* v, const char* mine) {
-  const char* s = json_str(v);
-  if (!s || !*s) return !mine || !*mine; /* null and "" are the same absence */
-  return mine && !strcmp(s, mine);
-}
 
 static int match_level(const jval* fp, const et_fingerprint* me) {
   if (!fp || fp->type != J_OBJ) return ET_MATCH_FALLBACK;
@@ -420,9 +428,17 @@ API et_session* et_open(const char* artifact_dir, const et_open_options* opts, c
   }
   if (check_files(s, json_get(s->config, "files"), err, errlen)) goto bad;
   if (join(s, json_str(json_get(s->config, "model")), s->model_path, sizeof s->model_path, err, errlen)) goto bad;
+  if (!listed(json_get(s->config, "files"), json_str(json_get(s->config, "model")))) {
+    fail(err, errlen, "configuration '%s': its model is not among the files whose sha256 config.json lists", cid);
+    goto bad;
+  }
   {
     const char* lib = json_str(json_get(s->config, "custom_ops_library"));
     if (lib && join(s, lib, s->ops_lib, sizeof s->ops_lib, err, errlen)) goto bad;
+    if (lib && !listed(json_get(s->config, "files"), lib)) {
+      fail(err, errlen, "configuration '%s': its custom-op library is not among the files whose sha256 config.json lists", cid);
+      goto bad;
+    }
   }
   snprintf(s->provider, sizeof s->provider, "%s", str_or(json_get(s->config, "execution_provider"), "CPUExecutionProvider"));
   if (parse_io(json_get(s->shape, "inputs"), s->in, &s->n_in, "inputs", err, errlen) ||

@@ -237,3 +237,16 @@ def test_bad_input_gets_one_line_and_leaves_nothing(tuned, tmp_path):
     err = one_line_error(run(["export", "check", tuned["art"], "-d", "nosuch"], home))
     assert "unknown device 'nosuch'" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_loader_loads_no_file_whose_sha256_config_json_does_not_list(copy):
+    def unlisted(c):
+        sel = c["devices"][0]["selected"][0]["config"]
+        c["configs"][sel]["model"] = c["configs"]["fallback"]["model"]  # a file, but not this configuration's
+    _edit_config(copy, unlisted)
+    doc = _check(copy)
+    assert "its model is not among the files whose sha256 config.json lists" in doc["error"]
+    _edit_config(copy, lambda c: c["configs"]["fallback"].update(model="../../etc/passwd"))
+    _edit_config(copy, lambda c: c["devices"][0]["fingerprint"].update(cpu_model="Some Other CPU"))
+    doc = _check(copy)
+    assert "outside the artifact" in doc["error"] or "not among the files" in doc["error"], doc["error"]

@@ -147,14 +147,7 @@ def pack(run_ids: Sequence[str], out: str | os.PathLike, *, db: str | None = Non
 
     if not run_ids:
         raise UserInputError("give at least one run id (see 'edgetune db ls')")
-    out = Path(out)
-    if os.path.lexists(out):
-        raise UserInputError(f"output {out} already exists; give a new directory")
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        raise UserInputError(f"cannot write package {out}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserInputError(f"cannot write package {out}: directory {parent} is not writable")
+    out = check_new_dir(out, "package")
     store = Store(db, create=False) if db else Store(None, create=False)
     try:
         runs = []
@@ -170,20 +163,41 @@ def pack(run_ids: Sequence[str], out: str | os.PathLike, *, db: str | None = Non
     finally:
         store.close()
 
+    write_new_dir(out, "package", lambda tmp: _write(tmp, runs, no_models))
+    return out
+
+
+def check_new_dir(out: str | os.PathLike, what: str) -> Path:
+    """``out`` as a directory to create: refused (one line) when it exists or its parent is missing
+    or not writable."""
+    out = Path(out)
+    if os.path.lexists(out):
+        raise UserInputError(f"output {out} already exists; give a new directory")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise UserInputError(f"cannot write {what} {out}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserInputError(f"cannot write {what} {out}: directory {parent} is not writable")
+    return out
+
+
+def write_new_dir(out: Path, what: str, write: Any) -> Any:
+    """``write(tmp)`` into a temporary directory next to ``out``, renamed to ``out`` when it returns:
+    a failure leaves nothing behind. Returns what ``write`` returned."""
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
     except OSError as exc:
-        raise UserInputError(f"cannot write package {out}: {exc.strerror or exc}") from None
+        raise UserInputError(f"cannot write {what} {out}: {exc.strerror or exc}") from None
     try:
-        _write(tmp, runs, no_models)
+        result = write(tmp)
         os.chmod(tmp, 0o755)
         os.rename(tmp, out)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise UserInputError(f"cannot write package {out}: {exc.strerror or exc}") from None
+            raise UserInputError(f"cannot write {what} {out}: {exc.strerror or exc}") from None
         raise
-    return out
+    return result
 
 
 def _write(tmp: Path, runs: list, no_models: bool) -> None:

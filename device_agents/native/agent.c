@@ -83,15 +83,6 @@ const char* param_str(const jval* params, const char* key) {
   return json_str(json_get(params, key));
 }
 
-static long long read_ll(const char* path) {
-  char* t = et_read_text(path, 4096);
-  if (!t) return -1;
-  char* end;
-  long long v = strtoll(t, &end, 10);
-  int ok = end != t;
-  free(t);
-  return ok ? v : -1;
-}
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -123,7 +114,7 @@ static void cpu_freqs(sbuf* out, const char* file, const char* when_none) {
   for (int i = 0; i < n; i++) {
     char path[128];
     snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cpufreq/%s", i, file);
-    long long v = read_ll(path);
+    long long v = et_read_ll(path);
     if (v < 0) continue;
     sb_printf(&tmp, "%s%lld", any ? "," : "", v);
     any = 1;
@@ -256,7 +247,7 @@ static void device_state(sbuf* o) {
       if (strncmp(e->d_name, "thermal_zone", 12)) continue;
       char path[PATH_MAX];
       snprintf(path, sizeof path, "/sys/class/thermal/%s/temp", e->d_name);
-      long long t = read_ll(path);
+      long long t = et_read_ll(path);
       if (t < 0 || t > 200000) continue; /* not readable or not a plausible milli-Celsius */
       snprintf(path, sizeof path, "/sys/class/thermal/%s/type", e->d_name);
       char* type = et_read_text(path, 256);

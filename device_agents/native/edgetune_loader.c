@@ -505,19 +505,6 @@ API size_t et_output_bytes(const et_session* s, int i) { return i >= 0 && i < s-
 
 /* ------------------------------------------------------------------ run */
 
-static int onnx_type(et_dtype t) {
-  switch (t) {
-    case DT_F32: return ONNX_FLOAT;
-    case DT_F64: return ONNX_DOUBLE;
-    case DT_F16: return ONNX_FLOAT16;
-    case DT_I8: return ONNX_INT8;
-    case DT_U8: return ONNX_UINT8;
-    case DT_I32: return ONNX_INT32;
-    case DT_I64: return ONNX_INT64;
-    case DT_BOOL: return ONNX_BOOL;
-    default: return 0;
-  }
-}
 
 static int run_session(et_session* s, OrtSession* sess, const void* const* inputs, void* const* outputs, char* err,
                        size_t errlen) {
@@ -528,10 +515,10 @@ static int run_session(et_session* s, OrtSession* sess, const void* const* input
   int rc = 0;
   for (int i = 0; i < s->n_in && !rc; i++)
     rc = ort_check(s, wrap(s->mem, (void*)inputs[i], s->in[i].nbytes, s->in[i].shape, (size_t)s->in[i].ndim,
-                           onnx_type(s->in[i].dtype), &iv[i]), "input", err, errlen);
+                           et_onnx_type(s->in[i].dtype), &iv[i]), "input", err, errlen);
   for (int i = 0; i < s->n_out && !rc; i++)
     rc = ort_check(s, wrap(s->mem, outputs[i], s->out[i].nbytes, s->out[i].shape, (size_t)s->out[i].ndim,
-                           onnx_type(s->out[i].dtype), &ov[i]), "output", err, errlen);
+                           et_onnx_type(s->out[i].dtype), &ov[i]), "output", err, errlen);
   if (!rc)
     rc = ort_check(s, ORT_FN(s->api, ORT_Run, OrtRunFn)(sess, NULL, s->in_names, (const OrtValue* const*)iv, (size_t)s->n_in,
                                                         s->out_names, (size_t)s->n_out, ov),

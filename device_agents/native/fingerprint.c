@@ -79,7 +79,7 @@ static char* android_prop(const char* key, char* out, size_t outlen) {
   return NULL;
 }
 
-static long long read_ll(const char* path) {
+long long et_read_ll(const char* path) {
   char* t = et_read_text(path, 4096);
   if (!t) return -1;
   char* end;
@@ -195,7 +195,7 @@ void et_fingerprint_collect(et_fingerprint* fp) {
   for (int i = 0; i < fp->cores && fp->n_freq < ET_FP_MAX_CPUS; i++) {
     char path[128];
     snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cpufreq/cpuinfo_max_freq", i);
-    long long f = read_ll(path);
+    long long f = et_read_ll(path);
     if (f >= 0) fp->max_freq_khz[fp->n_freq++] = f;
   }
   const char* emu = getenv("EDGETUNE_EMULATED");

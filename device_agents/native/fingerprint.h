@@ -32,6 +32,7 @@ void et_fingerprint_json(sbuf* o, const et_fingerprint* fp);
 /* small file helpers shared with the agent */
 char* et_read_text(const char* path, size_t max); /* NUL-terminated, malloc'd; NULL if unreadable */
 void et_trim(char* s);
+long long et_read_ll(const char* path); /* the integer a file starts with; -1 if none */
 /* One "key : value" line of /proc/cpuinfo (first match), or "key=value" of a .prop file. */
 int et_field(const char* text, const char* key, char sep, char* out, size_t outlen);
 

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor.h"
+
 typedef struct OrtStatus OrtStatus;
 typedef struct OrtEnv OrtEnv;
 typedef struct OrtSession OrtSession;
@@ -147,6 +149,21 @@ typedef OrtStatus* (*OrtKernelContextGetOutputFn)(OrtKernelContext*, size_t inde
                                                   size_t n, OrtValue** out);
 typedef OrtStatus* (*OrtParallelForFn)(const OrtKernelContext*, void (*fn)(void*, size_t), size_t total,
                                        size_t num_batch, void* usr_data);
+
+/* an et_tensor dtype (tensor.h) as ONNX's element type */
+static inline int et_onnx_type(et_dtype t) {
+  switch (t) {
+    case DT_F32: return ONNX_FLOAT;
+    case DT_F64: return ONNX_DOUBLE;
+    case DT_F16: return ONNX_FLOAT16;
+    case DT_I8: return ONNX_INT8;
+    case DT_U8: return ONNX_UINT8;
+    case DT_I32: return ONNX_INT32;
+    case DT_I64: return ONNX_INT64;
+    case DT_BOOL: return ONNX_BOOL;
+    default: return 0;
+  }
+}
 
 #define ORT_FN(api, idx, type) ((type)(((void* const*)(const void*)(api))[idx]))
 

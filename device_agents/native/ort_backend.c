@@ -86,19 +86,6 @@ static int check(ort_state* s, OrtStatus* st, const char* what, char* err, size_
   return -1;
 }
 
-static int onnx_type(et_dtype t) {
-  switch (t) {
-    case DT_F32: return ONNX_FLOAT;
-    case DT_F64: return ONNX_DOUBLE;
-    case DT_F16: return ONNX_FLOAT16;
-    case DT_I8: return ONNX_INT8;
-    case DT_U8: return ONNX_UINT8;
-    case DT_I32: return ONNX_INT32;
-    case DT_I64: return ONNX_INT64;
-    case DT_BOOL: return ONNX_BOOL;
-    default: return 0;
-  }
-}
 
 static int ort_load(backend* b, const backend_config* cfg, char* err, size_t errlen) {
   ort_state* s = (ort_state*)calloc(1, sizeof(ort_state));
@@ -217,7 +204,7 @@ static void release_values(ort_state* s) {
 
 static int wrap(ort_state* s, et_tensor* t, OrtValue** out, char* err, size_t errlen) {
   return check(s, ORT_FN(s->api, ORT_CreateTensorWithDataAsOrtValue, OrtCreateTensorWithDataFn)(
-                      s->mem, t->data, t->nbytes, t->shape, (size_t)t->ndim, onnx_type(t->dtype), out),
+                      s->mem, t->data, t->nbytes, t->shape, (size_t)t->ndim, et_onnx_type(t->dtype), out),
                "CreateTensorWithDataAsOrtValue", err, errlen);
 }
 

@@ -283,7 +283,7 @@ def export_kernel_library(rt_mod: Any, path: str | os.PathLike, target_triple: s
 
 
 ORTOP_SOURCE = "ortop.c"
-ORTOP_HEADERS = ("ort_abi.h", "tvm_abi.h")
+ORTOP_HEADERS = ("ort_abi.h", "tensor.h", "tvm_abi.h")
 ORTOP_PREFIX = "libedgetune-ortop-"
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 import edgetune
 from edgetune.errors import EdgetuneError, ToolchainError, UserInputError
 from edgetune.hashing import sha256_file
+from edgetune.pack import check_new_dir, write_new_dir
 
 EXPORT_SCHEMA = "edgetune.export/1"
 CONFIG_SCHEMA = "edgetune.config/1"
@@ -221,34 +221,15 @@ def export(run_ids: Sequence[str], target: str, out: str | os.PathLike, *, db: s
     for a in want_abis:
         if a not in ABIS[target]:
             raise UserInputError(f"--abi {a} is not an ABI of target {target} ({', '.join(ABIS[target])})")
-    out = Path(out)
-    if os.path.lexists(out):
-        raise UserInputError(f"output {out} already exists; give a new directory")
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        raise UserInputError(f"cannot write artifact {out}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserInputError(f"cannot write artifact {out}: directory {parent} is not writable")
+    out = check_new_dir(out, "artifact")
     devices, model_path, model_sha = _load_runs(run_ids, db)
     src = Path(model_path)
     if not src.is_file():
         raise UserInputError(f"the tuned model {src} is gone; rebuild it at that path to export")
     if sha256_file(src) != model_sha:
         raise UserInputError(f"the model {src} changed since it was tuned (sha256 differs); refusing to export it")
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-    except OSError as exc:
-        raise UserInputError(f"cannot write artifact {out}: {exc.strerror or exc}") from None
-    try:
-        manifest = _write(tmp, target, want_abis, devices, src, model_sha, progress or (lambda msg: None))
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, out)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise UserInputError(f"cannot write artifact {out}: {exc.strerror or exc}") from None
-        raise
-    return manifest
+    return write_new_dir(out, "artifact",
+                         lambda tmp: _write(tmp, target, want_abis, devices, src, model_sha, progress or (lambda msg: None)))
 
 
 def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src: Path, model_sha: str,

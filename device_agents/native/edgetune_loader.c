@@ -201,7 +201,8 @@ static int match_level(const jval* fp, const et_fingerprint* me) {
   if (!same_str(json_get(fp, "arch"), me->arch)) return ET_MATCH_FALLBACK;
   if (!same_str(json_get(fp, "cpu_model"), me->cpu_model) && !same_str(json_get(fp, "cpu_model"), me->cpu_model_py))
     return ET_MATCH_FALLBACK;
-  if (num_of(json_get(fp, "cores"), &cores) || (int)cores != me->cores) return ET_MATCH_FALLBACK;
+  if (num_of(json_get(fp, "cores"), &cores) || ((int)cores != me->cores && (int)cores != me->cores_online))
+    return ET_MATCH_FALLBACK;
   const jval* f = json_get(fp, "max_freq_khz");
   if (f && f->type == J_ARR) {
     if ((int)f->n != me->n_freq) return ET_MATCH_FALLBACK;
@@ -240,6 +241,41 @@ static int load_ort(et_session* s, const char* lib, char* err, size_t errlen) {
   if (!s->api) return fail(err, errlen, "onnxruntime %s is too old for the loader (needs C API 12, onnxruntime 1.12)", s->version);
   return ort_check(s, ORT_FN(s->api, ORT_CreateEnv, OrtCreateEnvFn)(ORT_LOGGING_LEVEL_ERROR, "edgetune", &s->env),
                    "CreateEnv", err, errlen);
+}
+
+/* the configuration's execution provider (the CPU provider needs nothing) */
+static int append_provider(et_session* s, OrtSessionOptions* o, char* err, size_t errlen) {
+  const OrtApi* a = s->api;
+  const jval* po = json_get(s->config, "provider_options");
+  if (!strcmp(s->provider, "CPUExecutionProvider")) return 0;
+  if (!strcmp(s->provider, "NnapiExecutionProvider")) {
+    /* NNAPI is appended through its own exported function; its option is a flags word (0: none) */
+    typedef OrtStatus* (*NnapiFn)(OrtSessionOptions*, uint32_t);
+    NnapiFn nnapi = (NnapiFn)dlsym(s->dl, "OrtSessionOptionsAppendExecutionProvider_Nnapi");
+    double flags = 0;
+    num_of(json_get(po, "flags"), &flags);
+    if (!nnapi) return fail(err, errlen, "this onnxruntime %s has no NNAPI execution provider", s->version);
+    return ort_check(s, nnapi(o, (uint32_t)flags), s->provider, err, errlen);
+  }
+  /* the names SessionOptionsAppendExecutionProvider takes */
+  static const char* const names[][2] = {{"XnnpackExecutionProvider", "XNNPACK"}, {"QNNExecutionProvider", "QNN"},
+                                         {"SNPEExecutionProvider", "SNPE"}, {"CoreMLExecutionProvider", "CoreML"},
+                                         {"OpenVINOExecutionProvider", "OpenVINO"}, {"WebNNExecutionProvider", "WEBNN"},
+                                         {"VitisAIExecutionProvider", "VitisAI"}};
+  const char* shortname = NULL;
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(s->provider, names[i][0])) shortname = names[i][1];
+  if (!shortname) return fail(err, errlen, "execution provider %s is not one the loader can append", s->provider);
+  const char* keys[64];
+  const char* vals[64];
+  size_t n = 0;
+  for (size_t i = 0; po && po->type == J_OBJ && i < po->n && n < 64; i++) {
+    if (!json_str(po->items[i])) return fail(err, errlen, "provider_options values are strings");
+    keys[n] = po->keys[i];
+    vals[n++] = json_str(po->items[i]);
+  }
+  return ort_check(s, ORT_FN(a, ORT_SessionOptionsAppendExecutionProvider, OrtAppendEpFn)(o, shortname, keys, vals, n),
+                   s->provider, err, errlen);
 }
 
 static int make_options(et_session* s, const char* profile_prefix, OrtSessionOptions** out, char* err, size_t errlen) {
@@ -282,25 +318,7 @@ static int make_options(et_session* s, const char* profile_prefix, OrtSessionOpt
                   "RegisterCustomOpsLibrary_V2", err, errlen))
       return -1;
   }
-  if (strcmp(s->provider, "CPUExecutionProvider")) {
-    /* onnxruntime's short names for SessionOptionsAppendExecutionProvider */
-    char shortname[128];
-    snprintf(shortname, sizeof shortname, "%s", s->provider);
-    char* suffix = strstr(shortname, "ExecutionProvider");
-    if (suffix) *suffix = 0;
-    const jval* po = json_get(c, "provider_options");
-    const char* keys[64];
-    const char* vals[64];
-    size_t n = 0;
-    for (size_t i = 0; po && po->type == J_OBJ && i < po->n && n < 64; i++) {
-      if (!json_str(po->items[i])) return fail(err, errlen, "provider_options values are strings");
-      keys[n] = po->keys[i];
-      vals[n++] = json_str(po->items[i]);
-    }
-    if (ort_check(s, ORT_FN(a, ORT_SessionOptionsAppendExecutionProvider, OrtAppendEpFn)(o, shortname, keys, vals, n),
-                  s->provider, err, errlen))
-      return -1;
-  }
+  if (append_provider(s, o, err, errlen)) return -1;
   if (profile_prefix &&
       ort_check(s, ORT_FN(a, ORT_EnableProfiling, OrtEnableProfilingFn)(o, profile_prefix), "EnableProfiling", err, errlen))
     return -1;
@@ -382,12 +400,6 @@ API et_session* et_open(const char* artifact_dir, const et_open_options* opts, c
     int m = match_level(json_get(devices->items[i], "fingerprint"), &me);
     if (m > s->match) { s->match = m; best = devices->items[i]; }
   }
-  if (s->match < opts->min_match) {
-    fail(err, errlen, "this device (%s, %s, %d cores, kernel %s) matches none of the artifact's devices at the '%s' level "
-         "(best: %s); it was tuned on %zu other device(s)", me.cpu_model, me.arch, me.cores, me.kernel,
-         level_name(opts->min_match), level_name(s->match), devices && devices->type == J_ARR ? devices->n : 0);
-    goto bad;
-  }
 
   /* the shape point */
   const jval* shapes = json_get(s->doc, "shapes");
@@ -414,6 +426,16 @@ API et_session* et_open(const char* artifact_dir, const et_open_options* opts, c
     s->accuracy = NULL;
     if (best) s->match = ET_MATCH_FALLBACK; /* that device was not tuned at this shape point */
     s->device[0] = 0;
+  }
+  if (s->match < opts->min_match) {
+    if (best && !s->device[0])
+      fail(err, errlen, "this device matches '%s' at the '%s' level, but that device was not tuned at shape point %s",
+           str_or(json_get(best, "name"), "?"), level_name(match_level(json_get(best, "fingerprint"), &me)), shape_key);
+    else
+      fail(err, errlen, "this device (%s, %s, %d cores, kernel %s) matches none of the artifact's devices at the '%s' "
+           "level (best: %s); it was tuned on %zu other device(s)", me.cpu_model, me.arch, me.cores, me.kernel,
+           level_name(opts->min_match), level_name(s->match), devices && devices->type == J_ARR ? devices->n : 0);
+    goto bad;
   }
   if (!cid) { fail(err, errlen, "config.json has no fallback configuration"); goto bad; }
   snprintf(s->config_id, sizeof s->config_id, "%s", cid);

@@ -32,7 +32,7 @@ enum {
 
 typedef struct {
   const char* ort_library; /* path of libonnxruntime.so; NULL: "libonnxruntime.so" on the loader's search path */
-  const char* shape;       /* the shape point ("batch=4"), NULL: the first one tuned */
+  const char* shape;       /* the shape point's key ("input=1x3x96x96"), NULL: the first one */
   int min_match;           /* refuse to open below this ET_MATCH_* level (an app: ET_MATCH_FALLBACK) */
   const char* profile_prefix; /* non-NULL: onnxruntime profiling to this prefix (et_placement uses it) */
 } et_open_options;

@@ -192,6 +192,7 @@ void et_fingerprint_collect(et_fingerprint* fp) {
     free(gov);
   }
   fp->cores = (int)sysconf(_SC_NPROCESSORS_CONF);
+  fp->cores_online = (int)sysconf(_SC_NPROCESSORS_ONLN);
   for (int i = 0; i < fp->cores && fp->n_freq < ET_FP_MAX_CPUS; i++) {
     char path[128];
     snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cpufreq/cpuinfo_max_freq", i);

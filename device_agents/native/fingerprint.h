@@ -1,5 +1,5 @@
 /* The device fingerprint (docs/design.md §3): what the native agent reports in `info`, and what
- * the app loader (loader/edgetune_loader.c) reads on the running device to pick its configuration.
+ * the app loader (edgetune_loader.c) reads on the running device to pick its configuration.
  * One implementation, so the two can never disagree about a device. */
 #ifndef EDGETUNE_FINGERPRINT_H_
 #define EDGETUNE_FINGERPRINT_H_
@@ -16,7 +16,8 @@ typedef struct {
   char cpu_model_py[256]; /* as the Python agent names it (they differ on some ARM kernels) */
   char soc[256];       /* /proc/cpuinfo Hardware, else Android's ro.soc.model / ro.board.platform */
   char soc_py[256];    /* /proc/cpuinfo Hardware only (the Python agent) */
-  int cores;
+  int cores;          /* configured CPUs (the native agent's count) */
+  int cores_online;   /* online CPUs (the Python agent's os.cpu_count()) */
   long long max_freq_khz[ET_FP_MAX_CPUS];
   int n_freq;
   char kernel[256];

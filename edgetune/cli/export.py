@@ -20,13 +20,22 @@ EPILOG = _examples(
     ("edgetune export check app-artifact -d new-phone --fallback --format json",
      "a device it was not tuned on: check the fallback configuration"))
 
+CREATE_EPILOG = _examples(
+    ("edgetune export create 3f2a9c1e0b7d4e55 --target linux -o board-artifact", "one board's tune run"),
+    ("edgetune export 3f2a9c1e0b7d4e55 1c0ffee5ba5e4d11 --target android -o app-artifact",
+     "the same without 'create': two phones' runs, for an Android app"))
+CHECK_EPILOG = _examples(
+    ("edgetune export check board-artifact -d pi", "run it on the device the way an app does"),
+    ("edgetune export check app-artifact -d new-phone --fallback --format json",
+     "a device it was not tuned on: check the fallback configuration"))
+
 
 class _ExportGroup(TyperGroup):
     """``edgetune export RUN_ID...`` is ``edgetune export create RUN_ID...``; ``check`` is the other verb."""
 
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
-            args = ["create", *args]
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["create", *args]  # run ids, or create's options given before them
         return super().parse_args(ctx, args)
 
 
@@ -34,7 +43,7 @@ app = typer.Typer(cls=_ExportGroup, no_args_is_help=True, epilog=EPILOG,
                   help="App artifacts: the selected configurations, models, golden I/O and loaders per device.")
 
 
-@app.command("create", epilog=EPILOG)
+@app.command("create", epilog=CREATE_EPILOG)
 def create_cmd(
     run_id: List[str] = typer.Argument(..., help="tune run id(s), one per device (see 'edgetune db ls')"),
     target: str = typer.Option(..., "--target", "-t", help="android (jniLibs/, assets/) or linux (lib/, bin/)"),
@@ -57,8 +66,8 @@ def _create(run_ids, target, out, abis, db, fmt):
         emit_json({"artifact": str(out), "manifest": m})
         return
     for f in m["figures"]:
-        console.print(f"{f['device']} at {f['shape_key']}: {f['label']} ({f['median_ms']:.4g} ms, {f['basis']})",
-                      highlight=False, markup=False)
+        ms = f"{f['median_ms']:.4g} ms" if f["median_ms"] is not None else "no timing"
+        console.print(f"{f['device']} at {f['shape_key']}: {f['label']} ({ms}, {f['basis']})", highlight=False, markup=False)
     for a, b in m["loaders"]["built"].items():
         console.print(f"loader {a}: {b['library']}", highlight=False, markup=False)
     for a, why in m["loaders"]["not_built"].items():
@@ -67,7 +76,7 @@ def _create(run_ids, target, out, abis, db, fmt):
                   highlight=False, markup=False)
 
 
-@app.command("check", epilog=EPILOG)
+@app.command("check", epilog=CHECK_EPILOG)
 def check_cmd(
     artifact: Path = typer.Argument(..., help="artifact directory written by 'edgetune export'"),
     device: str = DeviceOpt,

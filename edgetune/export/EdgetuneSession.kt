@@ -54,14 +54,14 @@ class EdgetuneSession private constructor(
         val outFiles = golden.getJSONArray("outputs")
         val tolerances = golden.optJSONArray("tolerance")
         val inputs = point.getJSONArray("inputs").objects().mapIndexed { i, spec ->
-            spec.getString("name") to Npy.read(File(dir, inFiles.getString(i))).tensor(env)
+            spec.getString("name") to Npy.read(dir.inside(inFiles.getString(i))).tensor(env)
         }.toMap()
         try {
             return session.run(inputs).use { result ->
                 val checks = point.getJSONArray("outputs").objects().mapIndexed { i, spec ->
                     val name = spec.getString("name")
                     val y = (result.get(name).orElse(null) as? OnnxTensor ?: error("the session returned no tensor '$name'")).doubles()
-                    val ref = Npy.read(File(dir, outFiles.getString(i)))
+                    val ref = Npy.read(dir.inside(outFiles.getString(i)))
                     compare(name, y, ref.doubles(), tolerances?.optJSONObject(i), ref.dtype)
                 }
                 SelfTestReport(checks.all { it.ok }, checks)
@@ -141,41 +141,50 @@ class EdgetuneSession private constructor(
                 val m = fp.match(d.optJSONObject("fingerprint"))
                 if (m > level) { best = d; level = m }
             }
-            val what = "this device (cpu model '${fp.cpuModel}', ${fp.arch}, ${fp.cores} cores)"
-            check(level >= minMatch) { "no device entry matches $what at level $minMatch or better" }
             val selected = best?.optJSONArray("selected").objects().firstOrNull { it.str("shape_key") == key }
-            check(selected != null || minMatch == Match.FALLBACK) { "device '${best?.str("name")}' matches $what but has no config for shape '$key'" }
-            val configId = selected?.str("config") ?: cfg.getJSONObject("fallback").str("config")
-                ?: error("no config for $what and the export has no fallback")
+            val match = if (selected != null) level else Match.FALLBACK // the best device was not tuned at this point
+            if (match < minMatch) error(if (best != null && selected == null)
+                "this device matches '${best.str("name")}' at the '${level.lc}' level, but that device was not tuned at shape point $key"
+            else "this device (cpu model '${fp.cpuModel}', ${fp.arch}, ${fp.cores} cores) matches none of the export's " +
+                "devices at the '${minMatch.lc}' level (best: '${match.lc}')")
+            val configId = selected?.str("config") ?: cfg.optJSONObject("fallback")?.str("config")
+                ?: error("config.json has no fallback configuration")
             val c = cfg.getJSONObject("configs").optJSONObject(configId) ?: error("config '$configId' is not in config.json")
             check(c.str("runtime") == "onnxruntime") { "config '$configId' needs runtime '${c.str("runtime")}'; this loader runs only onnxruntime" }
 
-            for (f in c.optJSONArray("files").objects()) {
-                val path = f.getString("path")
-                val file = File(dir, path)
+            // every file the configuration reads is checked against config.json's sha256 (check_files, listed)
+            val files = c.optJSONArray("files").objects()
+            check(files.isNotEmpty()) { "config.json: configuration '$configId' lists no files" }
+            for (f in files) {
+                val path = f.str("path")
+                val file = dir.inside(path)
+                val sum = f.str("sha256")?.takeIf { SHA256_HEX.matches(it) } ?: error("config.json: file '$path' has no sha256")
                 check(file.isFile) { "config '$configId': file $path is missing from $dir" }
-                val sum = f.str("sha256") ?: continue
                 val got = file.inputStream().use(::sha256)
                 check(got.equals(sum, ignoreCase = true)) { "config '$configId': file $path is altered (sha256 $got, expected $sum)" }
             }
-            val model = File(dir, c.str("model") ?: error("config '$configId' names no model"))
-            check(model.isFile) { "config '$configId': model ${model.path} is missing" }
+            fun listed(what: String, path: String) = dir.inside(path).also {
+                check(files.any { f -> f.str("path") == path }) {
+                    "configuration '$configId': its $what is not among the files whose sha256 config.json lists"
+                }
+            }
+            val model = listed("model", c.str("model") ?: error("config '$configId' names no model"))
+            val opsLib = c.str("custom_ops_library")?.let { listed("custom-op library", it) }
 
             val env = OrtEnvironment.getEnvironment()
             val options = SessionOptions()
             try {
-                configure(options, c, configId, dir)
+                configure(options, c, configId, opsLib)
                 val session = env.createSession(model.path, options)
                 return EdgetuneSession(dir, env, options, session, point, selected?.optJSONObject("accuracy"),
-                    if (selected != null) level else Match.FALLBACK, if (selected != null) best?.str("name") else null,
-                    configId, c.str("label") ?: configId)
+                    match, if (selected != null) best?.str("name") else null, configId, c.str("label") ?: configId)
             } catch (e: Throwable) {
                 options.close()
                 throw e
             }
         }
 
-        private fun configure(o: SessionOptions, c: JSONObject, id: String, dir: File) {
+        private fun configure(o: SessionOptions, c: JSONObject, id: String, opsLib: File?) {
             c.int("intra_op_num_threads")?.let(o::setIntraOpNumThreads)
             c.int("inter_op_num_threads")?.let(o::setInterOpNumThreads)
             c.int("graph_optimization_level")?.let { lvl ->
@@ -195,11 +204,8 @@ class EdgetuneSession private constructor(
                 })
             }
             c.optJSONObject("session_config")?.strings()?.forEach { (k, v) -> o.addConfigEntry(k, v) }
-            // Android (targetSdk 29+) refuses to dlopen from filesDir: ship the library in jniLibs and
-            // name it by file name; a path inside the export is used when it is there.
-            c.str("custom_ops_library")?.let { lib ->
-                o.registerCustomOpLibrary(File(dir, lib).takeIf { it.isFile }?.path ?: lib)
-            }
+            // only the sha256-checked copy inside the export is loaded, as the C loader does
+            opsLib?.let { o.registerCustomOpLibrary(it.path) }
             val providerOptions = c.optJSONObject("provider_options")?.strings() ?: emptyMap()
             when (val ep = c.str("execution_provider") ?: "CPUExecutionProvider") {
                 "CPUExecutionProvider" -> Unit
@@ -207,7 +213,7 @@ class EdgetuneSession private constructor(
                 // the Java API takes NNAPI flags as an EnumSet, not provider options: these are ignored
                 "NnapiExecutionProvider" -> o.addNnapi()
                 "QNNExecutionProvider" -> o.addQnn(providerOptions)
-                else -> error("execution provider $ep is not supported by this loader")
+                else -> error("execution provider $ep is not one the loader can append")
             }
         }
 
@@ -221,20 +227,22 @@ class EdgetuneSession private constructor(
     }
 }
 
-/** The device fingerprint, read as device_agents/native/fingerprint.c does. */
+/** The device fingerprint, read as device_agents/native/fingerprint.c does: the native agent's readings, plus the
+ *  Python agent's where they differ (cpu model, soc, online cores). */
 private class Fingerprint(val arch: String, val cpuModel: String, val cpuModelPy: String, val soc: String?,
-                          val cores: Int, val maxFreqKhz: List<Long>, val kernel: String, val os: String,
-                          val governor: String?, val emulated: String?) {
+                          val socPy: String?, val cores: Int, val coresOnline: Int, val maxFreqKhz: List<Long>,
+                          val kernel: String, val os: String, val governor: String?, val emulated: String?) {
 
+    /** match_level of edgetune_loader.c. */
     fun match(d: JSONObject?): Match {
         if (d == null) return Match.FALLBACK
         val model = d.str("cpu_model")
-        val freqs = d.optJSONArray("max_freq_khz").let { a -> if (a == null) emptyList() else List(a.length()) { a.getLong(it) } }
-        if (d.str("arch") != arch || (model != cpuModel && model != cpuModelPy) || d.int("cores") != cores ||
-            freqs != maxFreqKhz) return Match.FALLBACK
+        val freqs = d.optJSONArray("max_freq_khz")?.let { a -> List(a.length()) { a.getLong(it) } } // absent: not compared
+        if (d.str("arch") != arch || (model != cpuModel && model != cpuModelPy) || d.int("cores").let { it != cores && it != coresOnline } ||
+            (freqs != null && freqs != maxFreqKhz)) return Match.FALLBACK
         fun same(k: String, v: String?) = (d.str(k) ?: "") == (v ?: "")
-        return if (same("kernel", kernel) && same("os", os) && same("governor", governor) &&
-            same("emulated", emulated) && same("soc", soc)) Match.EXACT else Match.HARDWARE
+        return if (same("kernel", kernel) && same("os", os) && same("governor", governor) && same("emulated", emulated) &&
+            (same("soc", soc) || same("soc", socPy))) Match.EXACT else Match.HARDWARE
     }
 
     companion object {
@@ -264,32 +272,39 @@ private class Fingerprint(val arch: String, val cpuModel: String, val cpuModelPy
                     (prop("ro.build.fingerprint") ?: prop("ro.build.id"))?.let { "Android $r ($it)" } ?: "Android $r"
                 } ?: uname?.sysname ?: "Linux"
             } else "Android ${Build.VERSION.RELEASE} (${Build.FINGERPRINT})"
+            val online = Runtime.getRuntime().availableProcessors() // os.cpu_count() of the Python agent
             val cores = File("/sys/devices/system/cpu").listFiles()?.count { it.isDirectory && CPU_DIR.matches(it.name) }
-                ?.takeIf { it > 0 } ?: Runtime.getRuntime().availableProcessors()
+                ?.takeIf { it > 0 } ?: online
             val freqs = (0 until cores).mapNotNull { i ->
                 read("/sys/devices/system/cpu/cpu$i/cpufreq/cpuinfo_max_freq")
                     ?.let { LEADING_INT.find(it)?.groupValues?.get(1)?.toLongOrNull() }?.takeIf { it >= 0 }
             }
             val governor = read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")?.trim()?.ifEmpty { null }
-            return Fingerprint(arch, model.ifEmpty { arch }, pythonCpuModel(cpuinfo).ifEmpty { arch }, soc, cores, freqs,
-                kernel, os, governor, null)
+            val (modelPy, socPy) = pythonReading(cpuinfo)
+            return Fingerprint(arch, model.ifEmpty { arch }, modelPy.ifEmpty { arch }, soc, socPy, cores, online, freqs,
+                kernel, os, governor, System.getenv("EDGETUNE_EMULATED")?.ifEmpty { null })
         }
 
         private val CPU_DIR = Regex("cpu[0-9]+")
         private val PY_KEYS = listOf("model name", "cpu model", "processor")
         private val LEADING_INT = Regex("^\\s*([+-]?[0-9]+)")
 
-        /** The Python agent's model: first "model name"/"cpu model"/"processor" value that is not a number. */
-        private fun pythonCpuModel(cpuinfo: String): String {
+        /** The Python agent's model (first "model name"/"cpu model"/"processor" value that is not a number, else
+         *  the CPU parts) and soc (the last "Hardware" value, null when there is none). */
+        private fun pythonReading(cpuinfo: String): Pair<String, String?> {
+            var model: String? = null
+            var hardware: String? = null
             val parts = sortedSetOf<String>()
             for (line in cpuinfo.split('\n')) {
-                val colon = line.indexOf(':')
-                val key = (if (colon >= 0) line.substring(0, colon) else line).trim()
-                val value = if (colon >= 0) line.substring(colon + 1).trim() else ""
-                if (PY_KEYS.any { key.equals(it, ignoreCase = true) } && value.isNotEmpty() && !value.all { it in '0'..'9' }) return value
-                if (key.equals("cpu part", ignoreCase = true)) parts += value
+                val key = line.substringBefore(':').trim().lowercase()
+                val value = line.substringAfter(':', "").trim()
+                when {
+                    key in PY_KEYS && model == null && value.isNotEmpty() && !value.all { it in '0'..'9' } -> model = value
+                    key == "hardware" -> hardware = value
+                    key == "cpu part" -> parts += value
+                }
             }
-            return if (parts.isEmpty()) "" else "ARM CPU part " + parts.joinToString("/")
+            return (model ?: if (parts.isEmpty()) "" else "ARM CPU part " + parts.joinToString("/")) to hardware
         }
 
         /** First `key <spaces> sep value` line, value trimmed and unquoted (et_field). */
@@ -385,6 +400,18 @@ private fun cosine(y: DoubleArray, r: DoubleArray): Double {
     if (ny == 0.0 || nr == 0.0) return 0.0
     return y.indices.fold(0.0) { a, i -> a + y[i] * r[i] } / (ny * nr)
 }
+
+private val SHA256_HEX = Regex("[0-9a-fA-F]{64}")
+
+/** A file of the export that config.json names: relative, with no empty, "." or ".." part (safe_rel). */
+private fun File.inside(rel: String?): File {
+    check(rel != null && rel.split('/').none { it == "" || it == "." || it == ".." }) {
+        "config.json names a file outside the artifact: '${rel ?: "(none)"}'"
+    }
+    return File(this, rel)
+}
+
+private val Match.lc get() = name.lowercase()
 
 private fun sha256(input: InputStream): String {
     val md = MessageDigest.getInstance("SHA-256")

@@ -18,7 +18,8 @@ libraries under ``jniLibs/<abi>/`` and the Kotlin source under ``kotlin/``):
   models/            the model per configuration (ORT format, or ONNX where ORT format would freeze
                      one CPU's layout; see _model_form) and required_operators.config
   golden/            golden inputs and outputs per shape point (.npy)
-  lib/<triple>/      libedgetune_loader.so; bin/<triple>/edgetune-check; include/edgetune_loader.h
+  lib/<abi>/         libedgetune_loader.so (abi: x86_64-linux-gnu, aarch64-linux-gnu; Android: jniLibs/<abi>/
+                     with arm64-v8a, x86_64); bin/<abi>/edgetune-check; include/edgetune_loader.h
 """
 
 from __future__ import annotations
@@ -343,7 +344,9 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
         selected = []
         for sel in dev.selections:
             key = sel.candidate["candidate"]["key"]
-            cid = f"c-{key}-{_model_form(arch)}"
+            # a hybrid's kernels were tuned for this device: its configuration is this device's alone
+            hybrid = "hybrid" in sel.candidate["candidate"]["params"]
+            cid = f"c-{key}-{dev.fingerprint_key}" if hybrid else f"c-{key}-{_model_form(arch)}"
             if cid not in configs:
                 progress(f"{dev.name}: preparing '{sel.candidate['label']}'")
                 add_config(cid, sel.candidate, dev, sel)
@@ -453,7 +456,8 @@ def _readme(m: dict[str, Any]) -> str:
     for f in m["figures"]:
         ci = f["ci95_ms"]
         lines.append(f"- {f['device']} (`{f['fingerprint_key']}`), {f['shape_key']}: `{f['label']}`, "
-                     f"median {f['median_ms']:.4g} ms" + (f" [{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "")
+                     + (f"median {f['median_ms']:.4g} ms" if f["median_ms"] is not None else "no timing")
+                     + (f" [{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "")
                      + f" ({f['basis']}, run `{f['run_id']}`)" + (" — emulated, not a real timing" if f["emulated"] else ""))
     lines += ["", "## Loaders", ""]
     for abi, b in m["loaders"]["built"].items():
@@ -462,6 +466,20 @@ def _readme(m: dict[str, Any]) -> str:
         lines.append(f"- {abi}: not built: {why}")
     lines += ["", "Check it on a device: `edgetune export check . -d DEVICE`.", ""]
     return "\n".join(lines)
+
+
+def match_level(recorded: dict[str, Any], device: dict[str, Any]) -> str | None:
+    """How a device's fingerprint (as its agent reports it, with "arch") matches one the artifact was
+    tuned on, by the loader's rule (edgetune_loader.c match_level): "exact", "hardware" (same arch,
+    CPU, cores and frequencies; another kernel, OS build or governor) or None."""
+    def same(k: str) -> bool:
+        return (recorded.get(k) or None) == (device.get(k) or None)
+
+    if not all(same(k) for k in ("arch", "cpu_model", "cores")):
+        return None
+    if recorded.get("max_freq_khz") is not None and list(recorded["max_freq_khz"]) != list(device.get("max_freq_khz") or []):
+        return None
+    return "exact" if all(same(k) for k in ("kernel", "os", "governor", "emulated", "soc")) else "hardware"
 
 
 def load_artifact(path: str | os.PathLike) -> tuple[Path, dict[str, Any], dict[str, Any]]:

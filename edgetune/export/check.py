@@ -24,14 +24,23 @@ from typing import Any
 import numpy as np
 
 from edgetune.errors import DeviceError, UserInputError
-from edgetune.export import ARCH_ABI, load_artifact
+from edgetune.export import ARCH_ABI, load_artifact, match_level
 
 CHECK_SCHEMA = "edgetune.export-check/1"
 LATENCY_TOLERANCE = 0.05  # a gap within ±5% of the manifest's median is no gap (as repro check)
 
 
-def _known(config: dict[str, Any], key: str) -> dict[str, Any] | None:
-    return next((d for d in config.get("devices", []) if d.get("fingerprint_key") == key), None)
+def _known(config: dict[str, Any], key: str, fingerprint: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """The artifact's device this one is, and how: by its exact fingerprint key, else the first
+    with the same hardware (the loader's rule, export.match_level)."""
+    devices = config.get("devices", [])
+    exact = next((d for d in devices if d.get("fingerprint_key") == key), None)
+    if exact is not None:
+        return exact, "exact"
+    for d in devices:
+        if match_level(d.get("fingerprint") or {}, fingerprint):
+            return d, "hardware"
+    return None, None
 
 
 def export_check(artifact: str, device: str = "local", *, inventory: Any = None, iters: int = 20,
@@ -47,13 +56,13 @@ def export_check(artifact: str, device: str = "local", *, inventory: Any = None,
     try:
         info = client.provision()
         fp_key = info.fingerprint_key
-        dev = _known(config, fp_key)
+        dev, level = _known(config, fp_key, {**info.fingerprint, "arch": info.arch})
         if dev is None and not fallback:
             have = ", ".join(f"{x['name']} ({x['fingerprint_key']})" for x in config.get("devices", [])) or "none"
             raise UserInputError(
                 f"device '{spec.name}' (fingerprint {fp_key}: {info.fingerprint.get('cpu_model')}, {info.arch}) is not "
-                f"one this artifact was tuned on (it has: {have}); an app there would run the fallback "
-                f"configuration — check that with --fallback")
+                f"one this artifact was tuned on, nor the same hardware (it has: {have}); an app there would run the "
+                f"fallback configuration — check that with --fallback")
         target = manifest["target"]
         abi = ARCH_ABI[target].get(info.arch)
         built = manifest["loaders"]["built"].get(abi or "")
@@ -79,7 +88,7 @@ def export_check(artifact: str, device: str = "local", *, inventory: Any = None,
             results = []
             for i, (shape_key, sel) in enumerate(shapes):
                 results.append(_check_shape(client, d / app_rel, rdir, i, shape_key, sel, config, manifest, dev,
-                                            info, fallback, iters, budget_ms, timeout_s))
+                                            level, info, iters, budget_ms, timeout_s))
         finally:
             try:
                 client.transport.run(["rm", "-rf", rdir], timeout=60)
@@ -89,7 +98,7 @@ def export_check(artifact: str, device: str = "local", *, inventory: Any = None,
         client.transport.close()
     ok = all(r["ok"] for r in results)
     return {"schema": CHECK_SCHEMA, "artifact": str(d), "device": spec.name, "fingerprint_key": fp_key,
-            "known_device": dev["name"] if dev else None, "abi": abi, "target": target,
+            "known_device": dev["name"] if dev else None, "match": level or "fallback", "abi": abi, "target": target,
             "emulated": info.emulated, "files_checked": len(manifest["files"]), "shapes": results,
             "latency_flags": sum(1 for r in results if r.get("latency", {}).get("gap")),
             "ok": ok, "elapsed_s": round(time.monotonic() - started, 2)}
@@ -106,7 +115,7 @@ def _shapes_to_check(config: dict[str, Any], dev: dict[str, Any] | None) -> list
 
 
 def _check_shape(client, app: Path, rdir: str, i: int, shape_key: str, sel: dict | None, config, manifest, dev,
-                 info, fallback: bool, iters: int, budget_ms: float, timeout_s: float) -> dict[str, Any]:
+                 level: str | None, info, iters: int, budget_ms: float, timeout_s: float) -> dict[str, Any]:
     from edgetune.build.native import LOADER_CHECK, LOADER_LIB
     from edgetune.text import device_text
 
@@ -114,7 +123,7 @@ def _check_shape(client, app: Path, rdir: str, i: int, shape_key: str, sel: dict
     client.transport.run(["mkdir", "-p", out_dir], timeout=60)
     argv = [f"{rdir}/bin/{LOADER_CHECK}", "--loader", f"{rdir}/lib/{LOADER_LIB}", "--artifact", f"{rdir}/app",
             "--ort-lib", f"{rdir}/lib/libonnxruntime.so", "--shape", shape_key, "--out", out_dir, "--placement",
-            "--min-match", "fallback" if dev is None else "exact", "--iters", str(iters), "--budget-ms", f"{budget_ms:g}"]
+            "--min-match", level or "fallback", "--iters", str(iters), "--budget-ms", f"{budget_ms:g}"]
     c = client.transport.run(argv, timeout=timeout_s)
     want_cfg = sel["config"] if sel else config["fallback"]["config"]
     res: dict[str, Any] = {"shape_key": shape_key, "config": want_cfg,
@@ -138,9 +147,9 @@ def _check_shape(client, app: Path, rdir: str, i: int, shape_key: str, sel: dict
     res.update({"loader_match": doc.get("match"), "loader_device": doc.get("device"),
                 "loader_config": cfg.get("id"), "onnxruntime": doc.get("onnxruntime")})
     problems = []
-    if dev is not None and (doc.get("match") != "exact" or doc.get("device") != dev["name"]):
+    if dev is not None and (doc.get("match") not in ("exact", "hardware") or doc.get("device") != dev["name"]):
         problems.append(f"the loader matched this device as '{doc.get('match')}' ({doc.get('device') or 'no device'}), "
-                        f"the agent's fingerprint says it is {dev['name']}")
+                        f"the agent's fingerprint says it is {dev['name']} ({level})")
     if cfg.get("id") != want_cfg:
         problems.append(f"the loader picked configuration {cfg.get('id')}, expected {want_cfg}")
     tuned_ort = (next((m for m in manifest["devices"] if m["fingerprint_key"] == info.fingerprint_key), {}) or {}) \
@@ -175,6 +184,8 @@ def _check_shape(client, app: Path, rdir: str, i: int, shape_key: str, sel: dict
             problems.append(f"the intended provider {cfg.get('execution_provider')} ran no node ({nodes})")
 
     res["latency"] = _latency(doc.get("samples_ns"), manifest, info, shape_key, dev)
+    if level == "hardware" and "manifest_median_ms" in res["latency"]:
+        res["latency"]["note"] = "the same hardware with another kernel, OS build or governor than the tuned device"
     if res["latency"].get("error"):
         problems.append(res["latency"]["error"])
     res["problems"] = problems

@@ -192,7 +192,47 @@ def test_loader_says_when_the_runtime_lacks_the_execution_provider(copy):
         c["configs"][sel]["execution_provider"] = "XnnpackExecutionProvider"
     _edit_config(copy, xnnpack)
     doc = _check(copy)
-    assert doc["error"].startswith("onnxruntime XnnpackExecutionProvider:"), doc["error"]
+    # onnxruntime's own word (the wheel's CPU build has no XNNPACK), under onnxruntime's name for it
+    assert doc["error"].startswith("onnxruntime XnnpackExecutionProvider:") and "XNNPACK" in doc["error"], doc["error"]
+    assert "not supported in this build" in doc["error"] or "not available" in doc["error"], doc["error"]
+    _edit_config(copy, lambda c: c["configs"][c["devices"][0]["selected"][0]["config"]].update(
+        execution_provider="MadeUpExecutionProvider"))
+    assert "execution provider MadeUpExecutionProvider is not one the loader can append" in _check(copy)["error"]
+
+
+def test_loader_refuses_below_min_match_when_the_device_was_not_tuned_at_that_shape(copy):
+    _edit_config(copy, lambda c: c["devices"][0].update(selected=[]))
+    doc = _check(copy, "--min-match", "exact")
+    assert "matches 'local' at the 'exact' level, but that device was not tuned at shape point" in doc["error"]
+    doc = _check(copy)  # an app takes the fallback there
+    assert doc["match"] == "fallback" and doc["config"]["id"] == "fallback" and doc["selftest"]["ok"]
+
+
+def _rehash(art: Path, key: str) -> None:
+    """Rewrite the manifest after a deliberate change (an artifact made that way): the device's new
+    fingerprint key and every file's sha256."""
+    m = _json(art / "manifest.json")
+    for entry in m["figures"] + m["devices"]:
+        entry["fingerprint_key"] = key
+    m["files"] = {f: sha256_file(art / f) for f in m["files"]}
+    (art / "manifest.json").write_text(json.dumps(m))
+
+
+def test_check_accepts_the_same_hardware_with_another_kernel(tuned, copy):
+    # an artifact tuned on this machine under an older kernel: the same CPU, another fingerprint key
+    def older_kernel(c):
+        d = c["devices"][0]
+        d["fingerprint"]["kernel"] = "5.10.0-old"
+        d["fingerprint_key"] = "0000aaaa1111bbbb"
+    _edit_config(copy, older_kernel)
+    _rehash(copy, "0000aaaa1111bbbb")
+    p = run(["export", "check", copy, "-d", "local", "--format", "json", "--budget-ms", "100"], tuned["home"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(p.stdout)
+    (s,) = res["shapes"]
+    assert res["match"] == "hardware" and res["known_device"] == "local"
+    assert s["loader_match"] == "hardware" and s["config"].startswith("c-") and s["host_verification"]["ok"]
+    assert "another kernel" in s["latency"]["note"]
 
 
 def test_loader_golden_check_fails_on_outputs_that_differ(copy):
@@ -232,6 +272,10 @@ def test_bad_input_gets_one_line_and_leaves_nothing(tuned, tmp_path):
     err = one_line_error(run(["export", tuned["run_id"], "--target", "linux", "-o", tmp_path / "no" / "a",
                               "--db", db], home))
     assert "does not exist" in err
+    p = run(["export", "--target", "linux", "-o", tmp_path / "opts-first", tuned["run_id"], "--db", db,
+             "--abi", "x86_64-linux-gnu"], home)  # options before the run ids work too
+    assert p.returncode == 0, p.stderr
+    shutil.rmtree(tmp_path / "opts-first")
     err = one_line_error(run(["export", "check", tmp_path / "nothing", "-d", "local"], home))
     assert "not found" in err
     err = one_line_error(run(["export", "check", tuned["art"], "-d", "nosuch"], home))

@@ -1,5 +1,6 @@
-"""SQLite store: one file, WAL, schema-versioned, append-only records, shared by any number of
-edgetune processes.
+"""The results store: SQLite (one file, WAL; the embedded default) or PostgreSQL (a lab's shared
+database, ``--db postgresql://user@host/db``), one schema, schema-versioned, append-only records,
+shared by any number of edgetune processes on any number of hosts.
 
 Every record is keyed by workload (model hash + input shapes + inputs), device fingerprint,
 candidate key and versions. Each record is committed on its own, so an interrupted tune (Ctrl-C,
@@ -16,6 +17,14 @@ host whose process is gone is taken over at once; a holder elsewhere once its le
 Only the holder writes a run's records; the (run, shape, candidate, round) key is never written
 twice (a second write returns the first one's id).
 
+Devices. A device is driven by one process at a time, on whatever host: ``acquire_device`` takes its
+lease (``device_leases``), waiting while a live holder has it; the heartbeat renews it; a crashed
+host's leases expire after LEASE_S and are taken over.
+
+PostgreSQL. The same tables (times as double precision, samples as bytea); a transaction locks the
+rows it decides on (``FOR UPDATE``) where SQLite takes its one write lock (``BEGIN IMMEDIATE``);
+schema creation runs under an advisory lock. ``edgetune db migrate`` copies an SQLite database in.
+
 Files. The database (and SQLite's -wal/-shm, which take its mode) is created 0600 and must be
 ours; the default one lives in the private edgetune home (devices/inventory.private_home).
 """
@@ -25,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sqlite3
 import threading
 import time
@@ -36,14 +44,15 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from edgetune.devices.inventory import edgetune_home, private_home
+from edgetune.devices.inventory import edgetune_home, private_home, this_host
 from edgetune.errors import StoreError
 from edgetune.private import FILE_MODE, create_private_file
 
-SCHEMA_VERSION = 2  # 2: runs.owner, runs.lease_until (run leases)
+SCHEMA_VERSION = 3  # 2: runs.owner, runs.lease_until (run leases); 3: device_leases
 
-LEASE_S = 30.0  # a holder that has not renewed its lease for this long is presumed gone
-HEARTBEAT_S = 5.0  # how often a Store renews the leases it holds
+# a holder that has not renewed its lease for this long is presumed gone (EDGETUNE_LEASE_S: tests)
+LEASE_S = float(os.environ.get("EDGETUNE_LEASE_S") or 30.0)
+HEARTBEAT_S = min(5.0, LEASE_S / 3)  # how often a Store renews the leases it holds
 WAIT_POLL_S = 0.5  # how often a waiting start_run looks again
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -86,7 +95,34 @@ CREATE TABLE IF NOT EXISTS records (
     created REAL NOT NULL,
     UNIQUE (run_id, shape_key, candidate_key, round)
 )""", """
-CREATE INDEX IF NOT EXISTS records_lookup ON records (workload_key, fingerprint_key, candidate_key)""")
+CREATE INDEX IF NOT EXISTS records_lookup ON records (workload_key, fingerprint_key, candidate_key)""", """
+CREATE TABLE IF NOT EXISTS device_leases (
+    device TEXT PRIMARY KEY,          -- the device's identity (inventory.device_identity)
+    owner TEXT,                       -- the process driving it (Owner), NULL when free
+    lease_until REAL,
+    since REAL,
+    run_id TEXT                       -- the run it is measuring
+)""")
+# the same schema in PostgreSQL's types: times in double precision (real is 4 bytes there)
+_PG_TABLES = tuple(t.replace(" REAL", " DOUBLE PRECISION").replace("INTEGER PRIMARY KEY AUTOINCREMENT",
+                                                                     "BIGSERIAL PRIMARY KEY").replace(" BLOB", " BYTEA")
+                   for t in _TABLES) + ("""
+CREATE OR REPLACE FUNCTION samples_ok(b bytea) RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  n integer := coalesce(length(b), 0);
+  i integer := 0;
+BEGIN
+  -- a non-empty array of little-endian int64 that are all positive (db.samples_problem)
+  IF n = 0 OR n % 8 <> 0 THEN RETURN 0; END IF;
+  WHILE i < n LOOP
+    IF get_byte(b, i + 7) >= 128 OR substring(b FROM i + 1 FOR 8) = '\\x0000000000000000'::bytea THEN
+      RETURN 0;
+    END IF;
+    i := i + 8;
+  END LOOP;
+  RETURN 1;
+END $$""",)
+_PG_SCHEMA_LOCK = 7_231_904_113  # pg_advisory_xact_lock key: one schema creator at a time
 _LEASE_COLUMNS = (("owner", "TEXT"), ("lease_until", "REAL"))
 
 
@@ -117,7 +153,7 @@ def default_db_path() -> Path:
 
 # ---- run holders ---------------------------------------------------------------------------
 
-_HOST = socket.gethostname()
+_HOST = this_host()
 
 
 def _boot_id() -> str:
@@ -212,19 +248,42 @@ def _samples_ok(blob: Any) -> int:  # SQL function for counts: a non-empty, vali
     return int(isinstance(blob, (bytes, bytearray, memoryview)) and len(blob) > 0 and not samples_problem(blob))
 
 
+def redact(url: str) -> str:
+    """A database URL without its password (error messages and reports never show one)."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", url)
+
+
+class _Conn:
+    """The store's connection as its statements see it: SQLite's ``?`` placeholders, whichever database."""
+
+    def __init__(self, conn: Any, pg: bool):
+        self.conn, self.pg = conn, pg
+
+    def execute(self, sql: str, args: tuple | list = ()) -> Any:
+        if self.pg:  # no parameters: the text goes as it is (a '%' in it is not a placeholder)
+            return self.conn.execute(sql.replace("?", "%s"), args) if args else self.conn.execute(sql)
+        return self.conn.execute(sql, args)
+
+
 class Store:
     def __init__(self, path: str | os.PathLike | None = None, create: bool = True):
         raw = os.fspath(path) if path else os.environ.get("EDGETUNE_DB") or ""
-        if _URL_RE.match(str(raw)):  # before Path(): it would fold "postgresql://h" into a directory name
-            raise StoreError("--db takes an SQLite file path; database URLs are not supported yet "
-                             f"(got a {str(raw).split(':', 1)[0]}:// URL)")
         self.memory = raw == ":memory:"
         self.owner = Owner.mine()
         self._lock = threading.RLock()  # one connection, shared by a tune's device threads and the heartbeat
         self._held: set[str] = set()
+        self._devices: set[str] = set()
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._closed = False
+        self.pg = False
+        if _URL_RE.match(str(raw)):  # before Path(): it would fold "postgresql://h" into a directory name
+            scheme = str(raw).split(":", 1)[0].lower()
+            if scheme not in ("postgresql", "postgres"):
+                raise StoreError(f"--db takes an SQLite file path or a postgresql:// URL (got a {scheme}:// URL)")
+            self._open_pg(str(raw))
+            return
+        self._errors: tuple = (sqlite3.DatabaseError,)
         if raw:
             self.path = Path(raw)
         else:
@@ -239,6 +298,7 @@ class Store:
                                         check_same_thread=False)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot use database {self.path}: {exc}") from exc
+        self._c = _Conn(self.conn, False)
         try:
             self.conn.execute("PRAGMA busy_timeout=30000")
             self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -258,6 +318,38 @@ class Store:
         if not self.memory:
             for f in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                 _tighten_file(f)  # one of ours made by an older edgetune with the umask's 0644
+
+    def _open_pg(self, url: str) -> None:
+        """Connect to a PostgreSQL database (psycopg 3) and create or check the schema there."""
+        try:
+            import psycopg
+        except ImportError:
+            raise StoreError("a postgresql:// database needs psycopg (pip install 'edgetune[lab]')") from None
+        self.path = redact(url)  # what messages name; the password stays out of them
+        self._errors = (psycopg.Error,)
+        try:
+            self.conn = psycopg.connect(url, autocommit=True, connect_timeout=10, application_name="edgetune")
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot reach database {self.path}: {_pg_reason(exc)}") from None
+        self.pg = True
+        self._c = _Conn(self.conn, True)
+        try:
+            self._init_schema()
+        except psycopg.Error as exc:
+            self.conn.close()
+            raise StoreError(f"cannot use database {self.path}: {_pg_reason(exc)}") from None
+        except BaseException:
+            self.conn.close()
+            raise
+
+    @property
+    def _for_update(self) -> str:
+        """Lock the rows a transaction decides on (PostgreSQL); SQLite's transaction holds its one write lock."""
+        return " FOR UPDATE" if self.pg else ""
+
+    @property
+    def _for_share(self) -> str:
+        return " FOR SHARE" if self.pg else ""
 
     def _check_file(self, create: bool) -> None:
         """The database file exists (created 0600 when allowed) and is ours; nothing is created
@@ -281,6 +373,11 @@ class Store:
                              f"refusing to use it")
 
     def _schema_version(self) -> str | None:
+        if self.pg:
+            if self._c.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
+                return None
+            row = self._c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            return row[0] if row else None
         try:
             row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         except sqlite3.OperationalError as exc:
@@ -295,19 +392,22 @@ class Store:
         if self._schema_version() == str(SCHEMA_VERSION):
             return
         with self.tx() as c:
+            if self.pg:  # SQLite's write lock serializes this; PostgreSQL needs a lock of its own
+                c.execute("SELECT pg_advisory_xact_lock(?)", (_PG_SCHEMA_LOCK,))
             version = self._schema_version()
             if version == str(SCHEMA_VERSION):
                 return
-            if version not in (None, "1"):
+            if version not in (None, "1", "2"):
                 raise StoreError(f"database {self.path} has schema version {version}, "
                                  f"this edgetune reads {SCHEMA_VERSION}")
-            for stmt in _TABLES:  # (version 1, or an older edgetune that died before writing meta)
+            for stmt in _PG_TABLES if self.pg else _TABLES:  # (older versions: what they lack; every row kept)
                 c.execute(stmt)
-            have = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
-            for col, kind in _LEASE_COLUMNS:  # 1 -> 2: every run and record kept as it is
-                if col not in have:
-                    c.execute(f"ALTER TABLE runs ADD COLUMN {col} {kind}")
-            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            if not self.pg:
+                have = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
+                for col, kind in _LEASE_COLUMNS:  # 1 -> 2: every run and record kept as it is
+                    if col not in have:
+                        c.execute(f"ALTER TABLE runs ADD COLUMN {col} {kind}")
+            c.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO NOTHING", (str(SCHEMA_VERSION),))
             c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     class _Tx:
@@ -317,11 +417,11 @@ class Store:
         def __enter__(self):
             self.store._lock.acquire()
             try:
-                self.store.conn.execute("BEGIN IMMEDIATE")
+                self.store.conn.execute("BEGIN" if self.store.pg else "BEGIN IMMEDIATE")
             except BaseException:
                 self.store._lock.release()
                 raise
-            return self.store.conn
+            return self.store._c
 
         def __exit__(self, et, ev, tb):
             try:
@@ -342,8 +442,11 @@ class Store:
 
     def _query(self, sql: str, args: tuple | list = ()) -> tuple[list[str], list[tuple]]:
         with self._lock:
-            cur = self.conn.execute(sql, args)
-            return [d[0] for d in cur.description], cur.fetchall()
+            try:
+                cur = self._c.execute(sql, args)
+                return [d[0] for d in cur.description], cur.fetchall()
+            except self._errors as exc:
+                raise StoreError(f"cannot read database {self.path}: {_pg_reason(exc)}") from None
 
     def close(self) -> None:
         """Stop the heartbeat, give back the runs still held (status 'interrupted': whoever held
@@ -355,14 +458,17 @@ class Store:
         if self._beat is not None and self._beat is not threading.current_thread():
             self._beat.join(timeout=60)
         with self._lock:
-            if self._held:
+            if self._held or self._devices:
                 try:
                     with self.tx() as c:
                         c.execute("UPDATE runs SET status='interrupted', finished=?, owner=NULL, lease_until=NULL"
                                   " WHERE owner=?", (time.time(), str(self.owner)))
-                except sqlite3.Error:
+                        c.execute("UPDATE device_leases SET owner=NULL, lease_until=NULL, run_id=NULL WHERE owner=?",
+                                  (str(self.owner),))
+                except self._errors:
                     pass  # the lease runs out by itself; this host takes over at once anyway
                 self._held.clear()
+                self._devices.clear()
             self.conn.close()
 
     # ------------------------------------------------------------------------------- runs
@@ -406,21 +512,24 @@ class Store:
         while True:
             try:
                 with self.tx() as c:
-                    row = c.execute("SELECT owner, lease_until FROM runs WHERE id=?", (run_id,)).fetchone()
+                    row = c.execute("SELECT owner, lease_until FROM runs WHERE id=?" + self._for_update,
+                                    (run_id,)).fetchone()
                     holder = self._holder(*row) if row else None
                     lease = time.time() + LEASE_S
                     if row is None:
-                        c.execute("INSERT INTO runs (id, created, status, model_path, model_sha256, device,"
-                                  " fingerprint_key, fingerprint, versions, config, owner, lease_until)"
-                                  " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                                  (run_id, time.time(), "running", model_path, model_sha, device, fp_key,
-                                   json.dumps(fingerprint, sort_keys=True), json.dumps(versions, sort_keys=True),
-                                   json.dumps(config, sort_keys=True), str(self.owner), lease))
+                        cur = c.execute("INSERT INTO runs (id, created, status, model_path, model_sha256, device,"
+                                        " fingerprint_key, fingerprint, versions, config, owner, lease_until)"
+                                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
+                                        (run_id, time.time(), "running", model_path, model_sha, device, fp_key,
+                                         json.dumps(fingerprint, sort_keys=True), json.dumps(versions, sort_keys=True),
+                                         json.dumps(config, sort_keys=True), str(self.owner), lease))
+                        if cur.rowcount == 0:  # another host created it a moment ago: look again
+                            continue
                     elif holder is None or holder is self.owner:
                         c.execute("UPDATE runs SET status='running', finished=NULL, owner=?, lease_until=?"
                                   " WHERE id=?", (str(self.owner), lease, run_id))
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"cannot write database {self.path}: {exc}") from exc
+            except self._errors as exc:
+                raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
             if holder is None or holder is self.owner:
                 self._held.add(run_id)
                 self._start_heartbeat()
@@ -445,7 +554,9 @@ class Store:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 with self.tx() as c:
-                    c.execute("UPDATE runs SET lease_until=? WHERE owner=?", (time.time() + LEASE_S, str(self.owner)))
+                    until = time.time() + LEASE_S
+                    c.execute("UPDATE runs SET lease_until=? WHERE owner=?", (until, str(self.owner)))
+                    c.execute("UPDATE device_leases SET lease_until=? WHERE owner=?", (until, str(self.owner)))
             except Exception:
                 pass  # the next beat tries again; a lease lost meanwhile shows at the next write
 
@@ -471,9 +582,67 @@ class Store:
                         raise LeaseLost(f"run {run_id} was taken over by {_describe(row[0])} while this process "
                                         f"held it (its lease ran out)")
                     raise StoreError(f"run {run_id} is not held by this process; it cannot end it")
-        except sqlite3.DatabaseError as exc:  # still held: close() gives it back, or its lease runs out
-            raise StoreError(f"cannot write database {self.path}: {exc}") from exc
+        except self._errors as exc:  # still held: close() gives it back, or its lease runs out
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
         self._held.discard(run_id)
+
+    # ---------------------------------------------------------------------------- devices
+    def acquire_device(self, device: str, run_id: str | None = None,
+                       on_wait: Callable[[str], None] | None = None, wait_s: float | None = None) -> None:
+        """Take the lease of ``device`` (an inventory.device_identity) for this Store until
+        ``release_device``/``close``: one process drives a device at a time, on any host, so no two
+        runs spoil each other's timings. A live holder is waited for (``on_wait(holder)`` once;
+        ``wait_s``: give up then with StoreError); a crashed holder's lease expires after LEASE_S,
+        one on this host whose process is gone is taken over at once."""
+        waited_since: float | None = None
+        while True:
+            try:
+                with self.tx() as c:
+                    row = c.execute("SELECT owner, lease_until FROM device_leases WHERE device=?" + self._for_update,
+                                    (device,)).fetchone()
+                    holder = self._holder(*row) if row else None
+                    if holder is None or holder is self.owner:
+                        c.execute("INSERT INTO device_leases (device, owner, lease_until, since, run_id)"
+                                  " VALUES (?,?,?,?,?) ON CONFLICT (device) DO UPDATE SET owner=excluded.owner,"
+                                  " lease_until=excluded.lease_until, since=excluded.since, run_id=excluded.run_id",
+                                  (device, str(self.owner), time.time() + LEASE_S, time.time(), run_id))
+            except self._errors as exc:
+                raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+            if holder is None or holder is self.owner:
+                self._devices.add(device)
+                self._start_heartbeat()
+                return
+            who = holder.describe() if isinstance(holder, Owner) else str(holder)
+            now = time.monotonic()
+            if waited_since is None:
+                waited_since = now
+                if on_wait is not None:
+                    on_wait(who)
+            elif wait_s is not None and now - waited_since > wait_s:
+                raise StoreError(f"device {device} is driven by {who}; gave up waiting after {wait_s:g} s")
+            time.sleep(WAIT_POLL_S)
+
+    def release_device(self, device: str) -> None:
+        """Give a device's lease back (a no-op when this Store does not hold it)."""
+        try:
+            with self.tx() as c:
+                c.execute("UPDATE device_leases SET owner=NULL, lease_until=NULL, run_id=NULL WHERE device=? AND owner=?",
+                          (device, str(self.owner)))
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        self._devices.discard(device)
+
+    def device_holders(self) -> dict[str, dict[str, Any]]:
+        """device identity -> {"holder", "since", "run_id", "lease_until"} of every device driven now."""
+        cols, rows = self._query("SELECT * FROM device_leases WHERE owner IS NOT NULL")
+        out = {}
+        for r in rows:
+            d = dict(zip(cols, r))
+            holder = self._holder(d["owner"], d["lease_until"])
+            if holder is not None:
+                out[d["device"]] = {"holder": holder.describe() if isinstance(holder, Owner) else str(holder),
+                                    "since": d["since"], "run_id": d["run_id"], "lease_until": d["lease_until"]}
+        return out
 
     def runs(self, limit: int = 50) -> list[dict[str, Any]]:
         cols, rows = self._query("SELECT * FROM runs ORDER BY created DESC LIMIT ?", (limit,))
@@ -481,8 +650,8 @@ class Store:
 
     def record_counts(self) -> dict[str, tuple[int, int]]:
         """run id -> (records, verified records with valid samples), in one query."""
-        _, rows = self._query("SELECT run_id, COUNT(*), SUM(status='verified' AND samples_ok(samples))"
-                              " FROM records GROUP BY run_id")
+        _, rows = self._query("SELECT run_id, COUNT(*), SUM(CASE WHEN status='verified' AND samples_ok(samples)=1"
+                              " THEN 1 ELSE 0 END) FROM records GROUP BY run_id")
         return {run_id: (n, verified or 0) for run_id, n, verified in rows}
 
     # ---------------------------------------------------------------------------- records
@@ -495,7 +664,7 @@ class Store:
         blob = np.asarray(samples_ns, dtype="<i8").tobytes()
         try:
             with self.tx() as c:
-                row = c.execute("SELECT owner FROM runs WHERE id=?", (run_id,)).fetchone()
+                row = c.execute("SELECT owner FROM runs WHERE id=?" + self._for_share, (run_id,)).fetchone()
                 if row is not None and row[0] is not None and row[0] != str(self.owner):
                     raise LeaseLost(f"run {run_id} is held by {_describe(row[0])} now; this process lost its "
                                     f"lease and stops writing to it")
@@ -503,16 +672,17 @@ class Store:
                     "INSERT INTO records (run_id, workload_key, shape, shape_key, fingerprint_key, candidate_key,"
                     " candidate, versions, round, status, reason, verdict, samples, wall_ms, agent_ms, created)"
                     " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT (run_id, shape_key, candidate_key, round) DO NOTHING",
+                    " ON CONFLICT (run_id, shape_key, candidate_key, round) DO NOTHING RETURNING id",
                     (run_id, workload_key, json.dumps(shape, sort_keys=True), shape_key, fingerprint_key,
                      candidate["key"], json.dumps(candidate, sort_keys=True), json.dumps(versions, sort_keys=True),
                      round, status, reason, json.dumps(verdict, sort_keys=True), blob, wall_ms, agent_ms, time.time()))
-                if cur.rowcount:
-                    return int(cur.lastrowid)
+                new = cur.fetchone()
+                if new is not None:
+                    return int(new[0])
                 return int(c.execute("SELECT id FROM records WHERE run_id=? AND shape_key=? AND candidate_key=?"
                                      " AND round=?", (run_id, shape_key, candidate["key"], round)).fetchone()[0])
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot write database {self.path}: {exc}") from exc
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
 
     def records(self, run_id: str | None = None, workload_key: str | None = None,
                 fingerprint_key: str | None = None, candidate_key: str | None = None) -> list[RecordRow]:
@@ -530,6 +700,56 @@ class Store:
         cols, rows = self._query(sql, args)
         return [_record(dict(zip(cols, r))) for r in rows]
 
+    def copy_from(self, src: "Store", progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
+        """Copy every run and record of ``src`` into this store (``edgetune db migrate``), as they
+        are: samples byte for byte, ids of runs kept, records keyed by (run, shape, candidate,
+        round). What is already here is left alone, so a migration can be run again (after new
+        runs, or after an interruption) and copies only what is missing. A run still held in
+        ``src`` is refused: migrate once its tune has ended."""
+        cols, rows = src._query("SELECT * FROM runs ORDER BY created")
+        runs = [dict(zip(cols, r)) for r in rows]
+        busy = [r["id"] for r in runs if r["status"] == "running" and src._holder(r["owner"], r["lease_until"])]
+        if busy:
+            raise StoreError(f"run {busy[0]} is still running in {src.path}; migrate once it has ended")
+        out = {"runs": 0, "runs_present": 0, "records": 0, "records_present": 0}
+        names = ("id", "created", "finished", "status", "model_path", "model_sha256", "device", "fingerprint_key",
+                 "fingerprint", "versions", "config", "summary")
+        try:
+            with self.tx() as c:
+                for r in runs:
+                    status = "interrupted" if r["status"] == "running" else r["status"]
+                    cur = c.execute(f"INSERT INTO runs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+                                    " ON CONFLICT (id) DO NOTHING", tuple(status if k == "status" else r[k] for k in names))
+                    out["runs" if cur.rowcount else "runs_present"] += 1
+            batch: list[RecordRow] = []
+
+            def flush() -> None:
+                with self.tx() as c:
+                    for x in batch:
+                        cur = c.execute(
+                            "INSERT INTO records (run_id, workload_key, shape, shape_key, fingerprint_key, candidate_key,"
+                            " candidate, versions, round, status, reason, verdict, samples, wall_ms, agent_ms, created)"
+                            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                            " ON CONFLICT (run_id, shape_key, candidate_key, round) DO NOTHING",
+                            (x.run_id, x.workload_key, json.dumps(x.shape, sort_keys=True), x.shape_key,
+                             x.fingerprint_key, x.candidate_key, json.dumps(x.candidate, sort_keys=True),
+                             json.dumps(x.versions, sort_keys=True), x.round, x.status, x.reason,
+                             json.dumps(x.verdict, sort_keys=True), x.samples_ns.astype("<i8").tobytes(),
+                             x.wall_ms, x.agent_ms, x.created))
+                        out["records" if cur.rowcount else "records_present"] += 1
+                batch.clear()
+                if progress is not None:
+                    progress(out["records"], out["records_present"])
+
+            for rec in src.iter_all(checked=False):
+                batch.append(rec)
+                if len(batch) >= 500:
+                    flush()
+            flush()
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        return out
+
     def iter_all(self, checked: bool = True) -> Iterator[RecordRow]:
         """Every record, in batches. ``checked=False``: as stored (an export keeps what is there;
         a sample array with a torn tail loses only the torn bytes)."""
@@ -542,6 +762,12 @@ class Store:
                 d = dict(zip(cols, r))
                 last = d["id"]
                 yield _record(d, checked)
+
+
+def _pg_reason(exc: BaseException) -> str:
+    """One line of a database error, without a password the server may echo back."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return re.sub(r"password=\S+", "password=***", text)[:300]
 
 
 def _while_busy(step: Callable[[], Any], wait_s: float = 30.0) -> Any:

@@ -29,7 +29,7 @@ from edgetune.accuracy import AccuracyBudget
 from edgetune.agent.host import MAX_PROCS, MEMORY_MB, AgentClient, AgentInfo, Job, JobResult
 from edgetune.candidate import Candidate
 from edgetune.db import LeaseLost, Store
-from edgetune.devices.inventory import DeviceSpec, Inventory, edgetune_home, home_subdir
+from edgetune.devices.inventory import DeviceSpec, Inventory, device_identity, edgetune_home, home_subdir
 from edgetune.errors import (AuthError, DeviceError, DeviceUnreachable, EdgetuneError, HostKeyMismatch, StoreError,
                              UserInputError)
 from edgetune.kernels.device_measure import device_peaks
@@ -334,6 +334,7 @@ class DeviceTuner:
         device work, an infrastructure StoreError and Ctrl-C end the whole command."""
         out = DeviceOutcome(self.spec.name, "down")
         self.cache_dir = home_subdir("artifacts")  # private: artifacts hold the user's model
+        held_device = None
         try:
             info = self.info()
             cands = self.candidates(model, info)
@@ -350,6 +351,15 @@ class DeviceTuner:
                 self.progress({"event": "wait", "device": self.spec.name, "run_id": run_id, "holder": holder,
                                "message": f"waiting for run {run_id} held by {holder}"})
 
+            # the device itself: one process drives it at a time, whichever host and run (a lab's database)
+            device_id = device_identity(self.spec)
+
+            def device_busy(holder: str) -> None:
+                self.progress({"event": "wait", "device": self.spec.name, "run_id": run_id, "holder": holder,
+                               "message": f"waiting for device {device_id}, driven by {holder}"})
+
+            self.store.acquire_device(device_id, run_id, on_wait=device_busy)
+            held_device = device_id
             existed = self.store.start_run(
                 run_id, str(model.path), model.sha256, self.spec.name, info.fingerprint_key,
                 {**info.fingerprint, "arch": info.arch}, versions,
@@ -390,6 +400,11 @@ class DeviceTuner:
             raise
         finally:
             out.jobs_run, out.jobs_skipped = self.jobs_run, self.jobs_skipped
+            if held_device is not None:
+                try:
+                    self.store.release_device(held_device)
+                except StoreError:
+                    pass  # its lease runs out by itself
             if self.client is not None:
                 try:
                     self.client.close()

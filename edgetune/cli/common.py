@@ -90,7 +90,8 @@ class Format(str, Enum):
 
 
 FormatOpt = typer.Option(Format.table, "--format", "-f", help="table for people, json for scripts")
-DbOpt = typer.Option(None, "--db", help="SQLite database (default $EDGETUNE_DB or ~/.edgetune/edgetune.db)")
+DbOpt = typer.Option(None, "--db", help="SQLite file or postgresql://user@host:port/db URL "
+                                        "(default $EDGETUNE_DB or ~/.edgetune/edgetune.db)")
 DeviceOpt = typer.Option("local", "--device", "-d", help="device name from 'edgetune devices ls'")
 DimOpt = typer.Option([], "--dim", help="bind a dynamic dimension, e.g. --dim seq=128")
 

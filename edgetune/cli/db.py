@@ -1,4 +1,4 @@
-"""edgetune db ls | best | export"""
+"""edgetune db ls | best | export | migrate"""
 
 from __future__ import annotations
 
@@ -123,4 +123,30 @@ def export_cmd(out: Path = typer.Argument(..., help="JSON Lines file: one record
         finally:
             store.close()
         console.print(f"exported {n} records to {out}")
+    run_guarded(body)
+
+
+@app.command("migrate", epilog=epilog("db migrate"))
+def migrate_cmd(source: str = typer.Argument(..., help="the SQLite database to copy (a file)"),
+                to: str = typer.Option(..., "--to", help="the database to copy into: postgresql://user@host:port/db"),
+                fmt: Format = FormatOpt) -> None:
+    """Copy every run and record of an SQLite database into another (a lab's PostgreSQL); runs again safely."""
+    def body():
+        from edgetune.db import Store, redact
+
+        src = Store(source, create=False)
+        try:
+            dst = Store(to)
+            try:
+                out = dst.copy_from(src)
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        if fmt == Format.json:
+            emit_json({"source": str(source), "to": redact(to), **out})
+            return
+        console.print(f"copied {out['runs']} runs and {out['records']} records into {redact(to)} "
+                      f"({out['runs_present']} runs and {out['records_present']} records were there already)",
+                      highlight=False, markup=False)
     run_guarded(body)

@@ -78,36 +78,62 @@ def _cells(r: dict) -> list:
             plain(r["fingerprint_key"])]
 
 
-def _table(rows) -> Table:
-    t = Table("name", "url", "health", "arch", "cores", "OS / kernel", "CPU", "runtimes", "fingerprint")
+def _table(rows, lab: bool = False) -> Table:
+    t = Table("name", "url", "health", "arch", "cores", "OS / kernel", "CPU", "runtimes", "fingerprint",
+              *(["driven by"] if lab else []))
     for r in rows:
         try:
             cells = _cells(r)
         except Exception as exc:  # noqa: BLE001 - a reply that cannot be shown is that device's problem only
             cells = _cells({"name": r.get("name", "?"), "url": r.get("url", "?"), "health": "down",
                             "error": f"malformed info from the device ({type(exc).__name__})"})
-        t.add_row(*cells)
+        t.add_row(*cells, *([_driven(r)] if lab else []))
     return t
+
+
+def _driven(r) -> Text:
+    d = r.get("driven_by")
+    return device_text(f"{d['holder']} (run {d['run_id']})" if d else "free")
+
+
+def _holders(specs, db: str) -> dict[str, tuple[str, dict | None]]:
+    """name -> (device identity, who drives it now or None), from a lab's database."""
+    from edgetune.db import Store  # lazy: CLI start-up (imports numpy)
+    from edgetune.devices.inventory import device_identity
+
+    store = Store(db, create=False)
+    try:
+        held = store.device_holders()
+    finally:
+        store.close()
+    return {s.name: (device_identity(s), held.get(device_identity(s))) for s in specs}
 
 
 @app.command("ls", epilog=epilog("devices ls"))
 def ls_cmd(inventory: Optional[str] = InvOpt, fmt: Format = FormatOpt,
-           probe: bool = typer.Option(True, "--probe/--no-probe", help="connect to each device")) -> None:
-    """List devices with health, arch, cores, OS, runtimes and fingerprint."""
+           probe: bool = typer.Option(True, "--probe/--no-probe", help="connect to each device"),
+           db: Optional[str] = typer.Option(None, "--db", help="a lab's database (postgresql://...): who drives "
+                                                                "each device now")) -> None:
+    """List devices with health, arch, cores, OS, runtimes and fingerprint (and, with --db, who drives each)."""
     def body():
         specs = list(Inventory(inventory).load().values())
+        holders = _holders(specs, db) if db else {}
         if probe:
             with ThreadPoolExecutor(max_workers=max(1, min(8, len(specs)))) as ex:
                 rows = list(ex.map(_probe, specs))
         else:
             rows = [{"name": s.name, "url": s.url, "health": "not probed"} for s in specs]
+        for r in rows:
+            if r["name"] in holders:
+                r["identity"], r["driven_by"] = holders[r["name"]]
         if fmt == Format.json:
             emit_json(rows)
         elif probe:
-            console.print(_table(rows))
+            console.print(_table(rows, lab=bool(db)))
         else:
             for r in rows:
-                console.print(Text.assemble(device_text(r["name"]), "\t", device_text(r["url"])), highlight=False)
+                console.print(Text.assemble(device_text(r["name"]), "\t", device_text(r["url"]),
+                                            *(["\t", _driven(r)] if db else [])), highlight=False)
     run_guarded(body)
 
 
@@ -127,6 +153,9 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
             no_zygote: bool = typer.Option(False, "--no-zygote",
                                            help="every job in a fresh agent process (no persistent zygote "
                                                 "for runtime configurations; Python agent)"),
+            identity: Optional[str] = typer.Option(None, "--identity",
+                                                   help="the physical device's name in a lab's database, the same on "
+                                                        "every host that reaches it (default: from its address)"),
             inventory: Optional[str] = InvOpt) -> None:
     """Add a device to the inventory."""
     def body():
@@ -137,7 +166,7 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
         spec = Inventory(inventory).add(name, url, key=key, known_hosts=known_hosts,
                                         trust_on_first_use=trust_on_first_use or None, workdir=workdir,
                                         python=python, native=native or None, memory_mb=memory_mb,
-                                        max_procs=max_procs, zygote=False if no_zygote else None)
+                                        max_procs=max_procs, zygote=False if no_zygote else None, identity=identity)
         console.print(plain(f"added {spec.name} ({spec.url})"), highlight=False)
     run_guarded(body)
 

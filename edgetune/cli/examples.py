@@ -64,6 +64,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("edgetune db ls", "tuning runs"),
         ("edgetune db best model.onnx", "best verified configuration per device and shape"),
         ("edgetune db export records.jsonl", "every record with all its samples"),
+        ("edgetune db ls --db postgresql://edgetune@labdb:5432/edgetune", "a lab's shared database"),
     ],
     "db ls": [
         ("edgetune db ls --limit 10", "the ten latest runs"),
@@ -72,6 +73,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "db best": [
         ("edgetune db best", "every model"),
         ("edgetune db best model.onnx --format json", "one model, for scripts"),
+    ],
+    "db migrate": [
+        ("edgetune db migrate ~/.edgetune/edgetune.db --to postgresql://edgetune@labdb:5432/edgetune",
+         "this workstation's results into the lab's database"),
     ],
     "db export": [
         ("edgetune db export records.jsonl", "one JSON record per line, every raw sample"),
@@ -85,6 +90,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "devices ls": [
         ("edgetune devices ls", "connect to each device and show what it reports"),
         ("edgetune devices ls --no-probe", "names and URLs only, no connection"),
+        ("edgetune devices ls --db postgresql://edgetune@labdb:5432/edgetune", "and which host drives each one now"),
     ],
     "devices add": [
         ("edgetune devices add pi ssh://pi@192.168.1.20 --key ~/.ssh/id_ed25519", "strict host key checking"),

@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import socket
 import re
 import stat
 import tomllib
@@ -120,6 +121,31 @@ def parse_url(url: str) -> dict[str, Any]:
                 "adb_port": int(m.group("port") or 5037)}
     raise UserInputError(f"device URL '{url}' not understood; use local, ssh://user@host[:port] "
                          f"or adb://SERIAL[@adbhost:port]")
+
+
+def this_host() -> str:
+    """This host's name in a lab's database: EDGETUNE_HOST, else the hostname (hosts that share a
+    hostname, e.g. containers, each set their own)."""
+    return os.environ.get("EDGETUNE_HOST") or socket.gethostname()
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def device_identity(spec: DeviceSpec) -> str:
+    """The physical device behind an inventory entry, the same from every host of a lab (the key of
+    its lease): this host's own CPU for ``local``, an adb serial on its adb server, an ssh address.
+    A loopback address names this host."""
+    if spec.options.get("identity"):  # the lab's own name for it (a device reached by other addresses)
+        return str(spec.options["identity"])
+    info = parse_url(spec.url)
+    if info["kind"] == "local":
+        return f"local@{this_host()}"
+    if info["kind"] == "ssh":
+        host = this_host() if info["host"] in _LOOPBACK else info["host"]
+        return f"ssh://{info['user']}@{host}:{info['port']}"
+    host = this_host() if info["adb_host"] in _LOOPBACK else info["adb_host"]
+    return f"adb://{info['serial']}@{host}:{info['adb_port']}"
 
 
 def open_transport(spec: DeviceSpec):

@@ -5,6 +5,7 @@ import pytest
 from tests.conformance import suite
 from tests.farm.ssh_fixtures import *  # noqa: F401,F403
 from tests.farm.adb_fixtures import *  # noqa: F401,F403
+from tests.farm.pg_fixtures import *  # noqa: F401,F403
 
 
 @pytest.fixture

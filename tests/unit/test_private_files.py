@@ -130,11 +130,15 @@ def test_database_urls_and_missing_directories_are_refused_creating_nothing(tiny
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     home = tmp_path / "home"
-    for url in ("postgresql://x", "postgresql://user:secret@db.lab:5432/edgetune", "sqlite:///x.db"):
+    for url in ("sqlite:///x.db", "mysql://user:secret@127.0.0.1:1/edgetune"):
         for args in (["tune", str(tiny_model), "--db", url], ["db", "ls", "--db", url], ["report", "--db", url]):
-            line = assert_one_line_error(run(args, home, cwd), "--db takes an SQLite file path; database URLs are not "
-                                                             "supported yet")
+            line = assert_one_line_error(run(args, home, cwd), "--db takes an SQLite file path or a postgresql:// URL")
             assert "secret" not in line
+    # a PostgreSQL server that cannot be reached (nothing listens on port 1): one line, no password
+    for url in ("postgresql://127.0.0.1:1/x", "postgresql://user:secret@127.0.0.1:1/edgetune"):
+        for args in (["tune", str(tiny_model), "--db", url], ["db", "ls", "--db", url], ["report", "--db", url]):
+            line = assert_one_line_error(run(args, home, cwd), "cannot reach database postgresql://")
+            assert "secret" not in line and ("user:***@" in line or "user" not in url)
     for args in (["tune", str(tiny_model), "--db", "/nonexistent/dir/x.db"],
                  ["tune", str(tiny_model), "--db", str(tmp_path / "missing" / "x.db")]):
         assert_one_line_error(run(args, home, cwd), "does not exist")

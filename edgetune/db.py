@@ -230,6 +230,10 @@ class LeaseLost(StoreError):
     """Another process took over a run this one held (its lease had expired)."""
 
 
+class DeviceBusy(StoreError):
+    """Another process drives the device, and the caller would not wait (longer)."""
+
+
 # ---- stored samples ------------------------------------------------------------------------
 
 def samples_problem(blob: Any) -> str:
@@ -618,8 +622,8 @@ class Store:
                 waited_since = now
                 if on_wait is not None:
                     on_wait(who)
-            elif wait_s is not None and now - waited_since > wait_s:
-                raise StoreError(f"device {device} is driven by {who}; gave up waiting after {wait_s:g} s")
+            if wait_s is not None and now - waited_since >= wait_s:  # wait_s=0: do not wait at all
+                raise DeviceBusy(f"device {device} is driven by {who}; gave up waiting after {wait_s:g} s")
             time.sleep(WAIT_POLL_S)
 
     def release_device(self, device: str) -> None:

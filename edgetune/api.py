@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from edgetune.accuracy import AccuracyBudget
 from edgetune.candidate import Candidate
 from edgetune.db import Store
-from edgetune.devices.inventory import Inventory, edgetune_home
+from edgetune.devices.inventory import Inventory, device_identity, edgetune_home
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
@@ -94,6 +94,7 @@ def bench(model: str, config_key: str, device: str = "local", *, dims: Sequence[
         points = shape_points(m, parse_dims(dims, m), {})
         run_id = "bench-" + hashlib.sha256(f"{m.sha256}{cand.key()}{time.time_ns()}".encode()).hexdigest()[:10]
         versions = _versions(info)
+        store.acquire_device(device_identity(spec), run_id)  # one process drives a device at a time
         store.start_run(run_id, str(m.path), m.sha256, spec.name, info.fingerprint_key,
                         {**info.fingerprint, "arch": info.arch}, versions,
                         {"kind": "bench", "config": cand.key(), "rounds": rounds, "points": points,

@@ -276,6 +276,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                                           _run_form, baseline_forms, final_rounds, final_weights, record_form,
                                           round_median, strongest_baseline)
     from edgetune.measure import round_ratio
+    from edgetune.devices.inventory import device_identity
 
     store = Store(cfg.db)
     measure = DeviceMeasure(spec, cfg.num_threads, cfg.budget_ms, cfg.timeout_s, max_iters=20_000)
@@ -295,6 +296,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         versions = {"edgetune": __version__, "agent": f"{info.agent} {info.agent_version}",
                     "device_runtimes": {k: v for k, v in sorted(info.runtimes.items()) if not isinstance(v, list)}}
         emit({"event": "device", "device": spec.name, "arch": info.arch, "emulated": emulated, "sandbox": sandbox})
+        store.acquire_device(device_identity(spec), run_id)  # one process drives a device at a time
         store.start_run(run_id, "judge:" + w.spec(), hashlib.sha256(w.key().encode()).hexdigest(), spec.name,
                         fp_key, fp, versions,
                         {"kind": "judge", "op": w.spec(), "odd_shape": odd.spec() if odd else None,

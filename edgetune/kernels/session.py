@@ -755,7 +755,7 @@ def _verify_run(run, workload, inputs, reference, *, peak_gflops=None, timings_t
 def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) -> KernelSessionOutcome:
     from edgetune import __version__
     from edgetune.db import Store
-    from edgetune.devices.inventory import Inventory, edgetune_home
+    from edgetune.devices.inventory import Inventory, device_identity, edgetune_home
     from edgetune.kernels.device_measure import DeviceMeasure, device_kernel_target
     from edgetune.kernels.search import tune_workload
 
@@ -816,6 +816,7 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
             versions["python_agent_runtimes"] = {k: v for k, v in sorted(bdev.python_info.runtimes.items())
                                                  if not isinstance(v, list)}
         run_id = "k" + uuid.uuid4().hex[:15]
+        store.acquire_device(device_identity(spec), run_id)  # one process drives a device at a time
         store.start_run(run_id, source, source_sha, spec.name, fp_key, fp, versions,
                         {"kind": "kernels", "trials": cfg.trials, "rounds": cfg.rounds, "budget_ms": cfg.budget_ms,
                          "workloads": [_name(w) for w in workloads], "target": target, "cross_cc": cross_cc,

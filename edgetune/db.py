@@ -205,6 +205,10 @@ class Owner:
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}"
 
+    def same_process(self, other: "Owner") -> bool:
+        """The same process (another Store of it: the token differs)."""
+        return (self.pid, self.host, self.boot, self.start) == (other.pid, other.host, other.boot, other.start)
+
     def gone(self) -> bool:
         """True when this holder is known to have ended: a process on this host that no longer
         runs (or is a zombie, or is another process under a reused pid). A holder on another host
@@ -595,7 +599,7 @@ class Store:
                        on_wait: Callable[[str], None] | None = None, wait_s: float | None = None) -> None:
         """Take the lease of ``device`` (an inventory.device_identity) for this Store until
         ``release_device``/``close``: one process drives a device at a time, on any host, so no two
-        runs spoil each other's timings. A live holder is waited for (``on_wait(holder)`` once;
+        runs spoil each other's timings (the Stores of one process share what it drives). A live holder is waited for (``on_wait(holder)`` once;
         ``wait_s``: give up then with StoreError); a crashed holder's lease expires after LEASE_S,
         one on this host whose process is gone is taken over at once."""
         waited_since: float | None = None
@@ -605,6 +609,10 @@ class Store:
                     row = c.execute("SELECT owner, lease_until FROM device_leases WHERE device=?" + self._for_update,
                                     (device,)).fetchone()
                     holder = self._holder(*row) if row else None
+                    if isinstance(holder, Owner) and holder is not self.owner and holder.same_process(self.owner):
+                        # this process drives it already, through another Store (a tune's hybrid tunes its
+                        # kernels in a session of its own): the device is ours; its lease stays with that Store
+                        return
                     if holder is None or holder is self.owner:
                         c.execute("INSERT INTO device_leases (device, owner, lease_until, since, run_id)"
                                   " VALUES (?,?,?,?,?) ON CONFLICT (device) DO UPDATE SET owner=excluded.owner,"

@@ -92,21 +92,36 @@ def test_many_processes_create_the_schema_at_once(pg_url):
         st.close()
 
 
+def _hold_device(url, device, ready, done):
+    st = Store(url)
+    st.acquire_device(device, "r-other")
+    ready.set()
+    done.wait(120)
+    st.close()
+
+
 def test_run_and_device_leases_across_hosts(pg_url, monkeypatch):
     a, b = Store(pg_url), Store(pg_url)
+    ctx = multiprocessing.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold_device, args=(pg_url, "adb://SER@lab-a:5037", ready, done))
+    other.start()
     try:
         a.start_run("r1", "m", "sha", "phone", "fk", {}, {}, {})
-        a.acquire_device("adb://SER@lab-a:5037", "r1")
         with pytest.raises(StoreError, match="run r1 is held by pid"):
             b.start_run("r1", "m", "sha", "phone", "fk", {}, {}, {}, wait_s=0.5)
+        assert ready.wait(60)
         with pytest.raises(StoreError, match="device adb://SER@lab-a:5037 is driven by pid .*gave up waiting"):
             b.acquire_device("adb://SER@lab-a:5037", "r2", wait_s=0.5)
         holders = b.device_holders()
-        assert holders["adb://SER@lab-a:5037"]["run_id"] == "r1"
-        a.release_device("adb://SER@lab-a:5037")
+        assert holders["adb://SER@lab-a:5037"]["run_id"] == "r-other"
+        done.set()
+        other.join(60)  # that process ends: its Store gives the device back
         b.acquire_device("adb://SER@lab-a:5037", "r2")
         assert b.device_holders()["adb://SER@lab-a:5037"]["run_id"] == "r2"
     finally:
+        done.set()
+        other.join(60)
         a.close()
         b.close()
     # a host that died: its leases are rows with an owner elsewhere whose lease ran out
@@ -243,3 +258,17 @@ def test_hosts_tune_into_one_database_and_a_killed_hosts_device_is_taken_over(la
         assert st.get_run(run_id)["status"] == "complete" and st.device_holders() == {}
     finally:
         st.close()
+
+
+def test_a_database_url_it_cannot_serve_gets_one_line(pg_server, tmp_path):
+    base = pg_server["url"].rsplit("/", 1)[0]
+    home = tmp_path / "home"
+    for url, why in ((base + "/no_such_db", 'database "no_such_db" does not exist'),
+                     (base.replace("edgetune@", "nobody:hunter2@") + "/postgres", 'role "nobody" does not exist')):
+        for args in (["db", "ls", "--db", url], ["devices", "ls", "--no-probe", "--db", url]):
+            p = run(args, home)
+            assert p.returncode == 4 and "Traceback" not in p.stderr, p.stderr
+            lines = [x for x in p.stderr.splitlines() if x.strip()]
+            assert len(lines) == 1 and "cannot reach database" in lines[0] and why in lines[0], p.stderr
+            assert "hunter2" not in p.stderr
+    assert not home.exists() or not any(home.rglob("*.db"))

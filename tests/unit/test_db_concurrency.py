@@ -428,3 +428,59 @@ def test_a_device_run_ended_abnormally_is_released_with_its_status(tiny_model, t
     con = sqlite3.connect(db)
     assert con.execute("SELECT status, owner, lease_until FROM runs").fetchall() == [(status, None, None)]
     con.close()
+
+
+def test_device_identity_is_the_same_physical_device_from_every_host(monkeypatch):
+    from edgetune.devices.inventory import DeviceSpec, device_identity
+
+    monkeypatch.setenv("EDGETUNE_HOST", "lab-a")
+    assert device_identity(DeviceSpec("local", "local")) == "local@lab-a"
+    # a loopback address names this host; another host's address is that host's
+    assert device_identity(DeviceSpec("p", "adb://R58M@127.0.0.1:5037")) == "adb://R58M@lab-a:5037"
+    assert device_identity(DeviceSpec("p", "adb://R58M@lab-a:5037")) == "adb://R58M@lab-a:5037"
+    assert device_identity(DeviceSpec("b", "ssh://pi@localhost:2222")) == "ssh://pi@lab-a:2222"
+    assert device_identity(DeviceSpec("b", "ssh://pi@192.168.1.20")) == "ssh://pi@192.168.1.20:22"
+    assert device_identity(DeviceSpec("b", "ssh://pi@10.0.0.2", {"identity": "pi5-1"})) == "pi5-1"
+
+
+def _hold_device(db, device, ready, done):
+    st = Store(db)
+    st.acquire_device(device, "r-other")
+    ready.set()
+    done.wait(120)
+    st.close()
+
+
+def test_device_leases_on_sqlite(tmp_path):
+    """One process drives a device at a time; the Stores of one process share what it drives (a
+    tune's hybrid tunes its kernels through a Store of its own, on the same device)."""
+    import multiprocessing
+
+    from edgetune.db import DeviceBusy
+
+    db = str(tmp_path / "t.db")
+    ctx = multiprocessing.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold_device, args=(db, "local@x", ready, done))
+    other.start()
+    b = Store(db)
+    try:
+        assert ready.wait(60)
+        with pytest.raises(DeviceBusy, match="device local@x is driven by pid"):
+            b.acquire_device("local@x", "r2", wait_s=0)
+        assert b.device_holders()["local@x"]["run_id"] == "r-other"
+        done.set()
+        other.join(60)  # closing gives its devices back
+        b.acquire_device("local@x", "r2", wait_s=0)
+        nested = Store(db)
+        try:
+            nested.acquire_device("local@x", "r3", wait_s=0)  # the same process: shared, not taken over
+            nested.release_device("local@x")
+            assert b.device_holders()["local@x"]["run_id"] == "r2"
+        finally:
+            nested.close()
+        assert b.device_holders()["local@x"]["run_id"] == "r2"
+    finally:
+        done.set()
+        other.join(60)
+        b.close()

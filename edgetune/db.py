@@ -107,21 +107,15 @@ CREATE TABLE IF NOT EXISTS device_leases (
 _PG_TABLES = tuple(t.replace(" REAL", " DOUBLE PRECISION").replace("INTEGER PRIMARY KEY AUTOINCREMENT",
                                                                      "BIGSERIAL PRIMARY KEY").replace(" BLOB", " BYTEA")
                    for t in _TABLES) + ("""
-CREATE OR REPLACE FUNCTION samples_ok(b bytea) RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-  n integer := coalesce(length(b), 0);
-  i integer := 0;
-BEGIN
-  -- a non-empty array of little-endian int64 that are all positive (db.samples_problem)
-  IF n = 0 OR n % 8 <> 0 THEN RETURN 0; END IF;
-  WHILE i < n LOOP
-    IF get_byte(b, i + 7) >= 128 OR substring(b FROM i + 1 FOR 8) = '\\x0000000000000000'::bytea THEN
-      RETURN 0;
-    END IF;
-    i := i + 8;
-  END LOOP;
-  RETURN 1;
-END $$""",)
+CREATE OR REPLACE FUNCTION samples_ok(b bytea) RETURNS integer LANGUAGE sql IMMUTABLE AS $$
+  -- a non-empty array of little-endian int64 that are all positive (db.samples_problem): in hex, every
+  -- 16-digit sample has its sign bit clear (its last byte's first digit < 8) and none is all zeros;
+  -- two regular expressions, linear in the array (a loop in plpgsql took minutes for 100,000 samples)
+  SELECT CASE WHEN b IS NULL OR length(b) = 0 OR length(b) % 8 <> 0 THEN 0
+              WHEN encode(b, 'hex') ~ '^([0-9a-f]{14}[0-7][0-9a-f])+$'
+                   AND encode(b, 'hex') !~ '^([0-9a-f]{16})*0{16}' THEN 1
+              ELSE 0 END
+$$""",)
 _PG_SCHEMA_LOCK = 7_231_904_113  # pg_advisory_xact_lock key: one schema creator at a time
 _LEASE_COLUMNS = (("owner", "TEXT"), ("lease_until", "REAL"))
 

@@ -536,15 +536,7 @@ class Store:
                 self._held.add(run_id)
                 self._start_heartbeat()
                 return row is not None
-            who = holder.describe() if isinstance(holder, Owner) else str(holder)
-            now = time.monotonic()
-            if waited_since is None:
-                waited_since = now
-                if on_wait is not None:
-                    on_wait(who)
-            elif wait_s is not None and now - waited_since > wait_s:
-                raise StoreError(f"run {run_id} is held by {who}; gave up waiting after {wait_s:g} s")
-            time.sleep(WAIT_POLL_S)
+            waited_since = _wait(holder, waited_since, on_wait, wait_s, StoreError, f"run {run_id} is held by")
 
     def _start_heartbeat(self) -> None:
         with self._lock:
@@ -593,9 +585,10 @@ class Store:
                        on_wait: Callable[[str], None] | None = None, wait_s: float | None = None) -> None:
         """Take the lease of ``device`` (an inventory.device_identity) for this Store until
         ``release_device``/``close``: one process drives a device at a time, on any host, so no two
-        runs spoil each other's timings (the Stores of one process share what it drives). A live holder is waited for (``on_wait(holder)`` once;
-        ``wait_s``: give up then with StoreError); a crashed holder's lease expires after LEASE_S,
-        one on this host whose process is gone is taken over at once."""
+        runs spoil each other's timings (the Stores of one process share what it drives). A live
+        holder is waited for (``on_wait(holder)`` once; ``wait_s``: give up then with DeviceBusy, 0:
+        do not wait); a crashed holder's lease expires after LEASE_S, one on this host whose process
+        is gone is taken over at once."""
         waited_since: float | None = None
         while True:
             try:
@@ -618,15 +611,7 @@ class Store:
                 self._devices.add(device)
                 self._start_heartbeat()
                 return
-            who = holder.describe() if isinstance(holder, Owner) else str(holder)
-            now = time.monotonic()
-            if waited_since is None:
-                waited_since = now
-                if on_wait is not None:
-                    on_wait(who)
-            if wait_s is not None and now - waited_since >= wait_s:  # wait_s=0: do not wait at all
-                raise DeviceBusy(f"device {device} is driven by {who}; gave up waiting after {wait_s:g} s")
-            time.sleep(WAIT_POLL_S)
+            waited_since = _wait(holder, waited_since, on_wait, wait_s, DeviceBusy, f"device {device} is driven by")
 
     def release_device(self, device: str) -> None:
         """Give a device's lease back (a no-op when this Store does not hold it)."""
@@ -768,6 +753,23 @@ class Store:
                 d = dict(zip(cols, r))
                 last = d["id"]
                 yield _record(d, checked)
+
+
+def _wait(holder: Owner | str, since: float | None, on_wait: Callable[[str], None] | None, wait_s: float | None,
+          give_up: type[StoreError], what: str) -> float:
+    """One poll of waiting for a lease ``holder`` (runs and devices alike): ``on_wait(holder)`` when
+    the wait begins, ``give_up`` once ``wait_s`` has passed (0: at once), else a pause; returns
+    when the wait began."""
+    who = holder.describe() if isinstance(holder, Owner) else str(holder)
+    now = time.monotonic()
+    if since is None:
+        since = now
+        if on_wait is not None:
+            on_wait(who)
+    if wait_s is not None and now - since >= wait_s:
+        raise give_up(f"{what} {who}; gave up waiting after {wait_s:g} s")
+    time.sleep(WAIT_POLL_S)
+    return since
 
 
 def _pg_reason(exc: BaseException) -> str:

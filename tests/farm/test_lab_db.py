@@ -22,6 +22,7 @@ import pytest
 from edgetune import db as dbmod
 from edgetune.db import Store
 from edgetune.errors import StoreError
+from tests.fixtures.leases import hold_device
 from tests.fixtures.tiny import build_tiny
 
 EDGETUNE = [sys.executable, "-m", "edgetune.cli.main"]
@@ -92,19 +93,11 @@ def test_many_processes_create_the_schema_at_once(pg_url):
         st.close()
 
 
-def _hold_device(url, device, ready, done):
-    st = Store(url)
-    st.acquire_device(device, "r-other")
-    ready.set()
-    done.wait(120)
-    st.close()
-
-
 def test_run_and_device_leases_across_hosts(pg_url, monkeypatch):
     a, b = Store(pg_url), Store(pg_url)
     ctx = multiprocessing.get_context("spawn")
     ready, done = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_hold_device, args=(pg_url, "adb://SER@lab-a:5037", ready, done))
+    other = ctx.Process(target=hold_device, args=(pg_url, "adb://SER@lab-a:5037", ready, done))
     other.start()
     try:
         a.start_run("r1", "m", "sha", "phone", "fk", {}, {}, {})

@@ -22,6 +22,7 @@ import pytest
 from edgetune import db as dbmod
 from edgetune.candidate import Candidate
 from edgetune.db import SCHEMA_VERSION, Owner, Store
+from tests.fixtures.leases import hold_device
 from edgetune.devices.inventory import Inventory
 from edgetune.errors import DeviceUnreachable, StoreError
 from edgetune.results import summarize_run
@@ -443,14 +444,6 @@ def test_device_identity_is_the_same_physical_device_from_every_host(monkeypatch
     assert device_identity(DeviceSpec("b", "ssh://pi@10.0.0.2", {"identity": "pi5-1"})) == "pi5-1"
 
 
-def _hold_device(db, device, ready, done):
-    st = Store(db)
-    st.acquire_device(device, "r-other")
-    ready.set()
-    done.wait(120)
-    st.close()
-
-
 def test_device_leases_on_sqlite(tmp_path):
     """One process drives a device at a time; the Stores of one process share what it drives (a
     tune's hybrid tunes its kernels through a Store of its own, on the same device)."""
@@ -461,7 +454,7 @@ def test_device_leases_on_sqlite(tmp_path):
     db = str(tmp_path / "t.db")
     ctx = multiprocessing.get_context("spawn")
     ready, done = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_hold_device, args=(db, "local@x", ready, done))
+    other = ctx.Process(target=hold_device, args=(db, "local@x", ready, done))
     other.start()
     b = Store(db)
     try:

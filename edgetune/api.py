@@ -54,9 +54,10 @@ def tune(model: str, devices: Sequence[str] = ("local",), *, budget_s: float = 6
         cfg["accuracy"] = acc
         cfg["spaces"] = with_approximate(tuple(cfg.get("spaces") or TuneConfig().spaces), True)
     inventory = cfg.pop("inventory", None)
+    join = cfg.pop("join", None)  # a run id in db to measure on these devices too (tune.tune)
     config = cfg.pop("config", None) or TuneConfig(budget_s=budget_s, **cfg)
     return _tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=config,
-                 inventory=inventory)
+                 inventory=inventory, join=join)
 
 
 def find_candidate(store: Store, key: str) -> Candidate:

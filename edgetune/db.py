@@ -48,7 +48,7 @@ from edgetune.devices.inventory import edgetune_home, private_home, this_host
 from edgetune.errors import StoreError
 from edgetune.private import FILE_MODE, create_private_file
 
-SCHEMA_VERSION = 3  # 2: runs.owner, runs.lease_until (run leases); 3: device_leases
+SCHEMA_VERSION = 4  # 2: runs.owner, runs.lease_until (run leases); 3: device_leases; 4: run_shapes
 
 # a holder that has not renewed its lease for this long is presumed gone (EDGETUNE_LEASE_S: tests)
 LEASE_S = float(os.environ.get("EDGETUNE_LEASE_S") or 30.0)
@@ -102,6 +102,16 @@ CREATE TABLE IF NOT EXISTS device_leases (
     lease_until REAL,
     since REAL,
     run_id TEXT                       -- the run it is measuring
+)""", """
+CREATE TABLE IF NOT EXISTS run_shapes (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    shape_key TEXT NOT NULL,
+    idx INTEGER NOT NULL,             -- its place in the run's order
+    status TEXT NOT NULL,             -- pending | done
+    owner TEXT,                       -- the process measuring it now (Owner), NULL when nobody is
+    lease_until REAL,
+    device TEXT,                      -- the device (identity) that measures or measured it
+    PRIMARY KEY (run_id, shape_key)
 )""")
 # the same schema in PostgreSQL's types: times in double precision (real is 4 bytes there)
 _PG_TABLES = tuple(t.replace(" REAL", " DOUBLE PRECISION").replace("INTEGER PRIMARY KEY AUTOINCREMENT",
@@ -275,6 +285,7 @@ class Store:
         self._lock = threading.RLock()  # one connection, shared by a tune's device threads and the heartbeat
         self._held: set[str] = set()
         self._devices: set[str] = set()
+        self._shapes: set[tuple[str, str]] = set()  # (run, shape point) claimed
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._closed = False
@@ -350,6 +361,11 @@ class Store:
         return " FOR UPDATE" if self.pg else ""
 
     @property
+    def _skip_locked(self) -> str:
+        """Lock the rows a claim takes, passing over those another transaction is claiming (PostgreSQL)."""
+        return " FOR UPDATE SKIP LOCKED" if self.pg else ""
+
+    @property
     def _for_share(self) -> str:
         return " FOR SHARE" if self.pg else ""
 
@@ -399,7 +415,7 @@ class Store:
             version = self._schema_version()
             if version == str(SCHEMA_VERSION):
                 return
-            if version not in (None, "1", "2"):
+            if version not in (None, "1", "2", "3"):
                 raise StoreError(f"database {self.path} has schema version {version}, "
                                  f"this edgetune reads {SCHEMA_VERSION}")
             for stmt in _PG_TABLES if self.pg else _TABLES:  # (older versions: what they lack; every row kept)
@@ -460,17 +476,19 @@ class Store:
         if self._beat is not None and self._beat is not threading.current_thread():
             self._beat.join(timeout=60)
         with self._lock:
-            if self._held or self._devices:
+            if self._held or self._devices or self._shapes:
                 try:
                     with self.tx() as c:
                         c.execute("UPDATE runs SET status='interrupted', finished=?, owner=NULL, lease_until=NULL"
                                   " WHERE owner=?", (time.time(), str(self.owner)))
                         c.execute("UPDATE device_leases SET owner=NULL, lease_until=NULL, run_id=NULL WHERE owner=?",
                                   (str(self.owner),))
+                        c.execute("UPDATE run_shapes SET owner=NULL, lease_until=NULL WHERE owner=?", (str(self.owner),))
                 except self._errors:
                     pass  # the lease runs out by itself; this host takes over at once anyway
                 self._held.clear()
                 self._devices.clear()
+                self._shapes.clear()
             self.conn.close()
 
     # ------------------------------------------------------------------------------- runs
@@ -551,6 +569,7 @@ class Store:
                     until = time.time() + LEASE_S
                     c.execute("UPDATE runs SET lease_until=? WHERE owner=?", (until, str(self.owner)))
                     c.execute("UPDATE device_leases SET lease_until=? WHERE owner=?", (until, str(self.owner)))
+                    c.execute("UPDATE run_shapes SET lease_until=? WHERE owner=?", (until, str(self.owner)))
             except Exception:
                 pass  # the next beat tries again; a lease lost meanwhile shows at the next write
 
@@ -579,6 +598,111 @@ class Store:
         except self._errors as exc:  # still held: close() gives it back, or its lease runs out
             raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
         self._held.discard(run_id)
+
+    def take_run(self, run_id: str) -> bool:
+        """Take a run up if nobody holds it now (its holder released it, died, or let its lease run
+        out); False when a live process (or this Store already) holds it, or it is complete. For joining a run: a joiner that finds the run free
+        resumes it and ends it."""
+        try:
+            with self.tx() as c:
+                row = c.execute("SELECT owner, lease_until, status FROM runs WHERE id=?" + self._for_update,
+                                (run_id,)).fetchone()
+                if row is None:
+                    raise StoreError(f"no run '{run_id}' in {self.path}")
+                holder = self._holder(row[0], row[1])
+                if row[2] == "complete" or (holder is not None and (holder is not self.owner or run_id in self._held)):
+                    return False  # ended, held elsewhere, or by another device's thread of this Store
+                c.execute("UPDATE runs SET status='running', finished=NULL, owner=?, lease_until=? WHERE id=?",
+                          (str(self.owner), time.time() + LEASE_S, run_id))
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        self._held.add(run_id)
+        self._start_heartbeat()
+        return True
+
+    # ------------------------------------------------------------------ shape points (jobs)
+    def plan_shapes(self, run_id: str, shape_keys: list[str]) -> None:
+        """Lay out a run's shape points as claimable units of work (what is already there stays):
+        the hosts that run or join the run each claim one at a time (``claim_shape``)."""
+        try:
+            with self.tx() as c:
+                for i, key in enumerate(shape_keys):
+                    c.execute("INSERT INTO run_shapes (run_id, shape_key, idx, status) VALUES (?,?,?,'pending')"
+                              " ON CONFLICT (run_id, shape_key) DO NOTHING", (run_id, key, i))
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+
+    def claim_shape(self, run_id: str, device: str) -> tuple[str | None, int]:
+        """Claim the run's next pending shape point for this Store, to be measured on ``device``:
+        one nobody measures now, or one whose measurer is gone (it is resumed: what it recorded is
+        skipped). Returns (its shape key, or None and how many pending points are being measured,
+        by other processes or other devices of this Store). PostgreSQL passes over the rows another host is claiming at this instant
+        (SKIP LOCKED); SQLite's write lock serializes claims. A point is measured by one process on
+        one device, its baselines included, so the comparisons within it are fair."""
+        try:
+            with self.tx() as c:
+                rows = c.execute("SELECT shape_key, owner, lease_until, device FROM run_shapes WHERE run_id=? AND"
+                                 " status='pending' ORDER BY idx" + self._skip_locked, (run_id,)).fetchall()
+                busy = 0
+                for key, owner, until, was in rows:
+                    holder = self._holder(owner, until)
+                    # this Store's own claim stays with the device measuring it (a tune's devices share a Store)
+                    if holder is None or (holder is self.owner and (run_id, key) not in self._shapes):
+                        # a point resumed on another device than the one that began it says so: "a,b"
+                        on = device if not was or was.split(",")[-1] == device else f"{was},{device}"
+                        c.execute("UPDATE run_shapes SET owner=?, lease_until=?, device=? WHERE run_id=? AND"
+                                  " shape_key=?", (str(self.owner), time.time() + LEASE_S, on, run_id, key))
+                        break
+                    busy += 1
+                else:
+                    key = None
+                    if self.pg:  # rows being claimed this instant were passed over: count them as busy
+                        busy = c.execute("SELECT COUNT(*) FROM run_shapes WHERE run_id=? AND status='pending'",
+                                         (run_id,)).fetchone()[0]
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        if key is not None:
+            self._shapes.add((run_id, key))
+            self._start_heartbeat()
+        return key, busy
+
+    def finish_shape(self, run_id: str, shape_key: str) -> None:
+        """Mark a claimed shape point measured. LeaseLost when another process took it over."""
+        try:
+            with self.tx() as c:
+                cur = c.execute("UPDATE run_shapes SET status='done', owner=NULL, lease_until=NULL WHERE run_id=?"
+                                " AND shape_key=? AND owner=?", (run_id, shape_key, str(self.owner)))
+                if cur.rowcount == 0:
+                    self._shapes.discard((run_id, shape_key))
+                    raise LeaseLost(f"run {run_id}: shape point {shape_key} was taken over while this process "
+                                    f"measured it (its lease ran out)")
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        self._shapes.discard((run_id, shape_key))
+
+    def release_shape(self, run_id: str, shape_key: str) -> None:
+        """Give a claimed shape point back unmeasured (it stays pending for whoever claims it next)."""
+        try:
+            with self.tx() as c:
+                c.execute("UPDATE run_shapes SET owner=NULL, lease_until=NULL WHERE run_id=? AND shape_key=?"
+                          " AND owner=?", (run_id, shape_key, str(self.owner)))
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        self._shapes.discard((run_id, shape_key))
+
+    def shapes(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's shape points in order: shape_key, status (pending | measuring | done), device (the
+        devices that measured it, in order, comma-separated: more than one when it was resumed on
+        another device of the kind), holder."""
+        cols, rows = self._query("SELECT * FROM run_shapes WHERE run_id=? ORDER BY idx", (run_id,))
+        out = []
+        for r in rows:
+            d = dict(zip(cols, r))
+            holder = self._holder(d["owner"], d["lease_until"]) if d["status"] == "pending" else None
+            out.append({"shape_key": d["shape_key"], "device": d["device"],
+                        "status": d["status"] if d["status"] == "done" else "measuring" if holder else "pending",
+                        "holder": holder.describe() if isinstance(holder, Owner) else holder})
+        return out
 
     # ---------------------------------------------------------------------------- devices
     def acquire_device(self, device: str, run_id: str | None = None,
@@ -655,10 +779,19 @@ class Store:
         blob = np.asarray(samples_ns, dtype="<i8").tobytes()
         try:
             with self.tx() as c:
-                row = c.execute("SELECT owner FROM runs WHERE id=?" + self._for_share, (run_id,)).fetchone()
-                if row is not None and row[0] is not None and row[0] != str(self.owner):
-                    raise LeaseLost(f"run {run_id} is held by {_describe(row[0])} now; this process lost its "
-                                    f"lease and stops writing to it")
+                # the writer must hold the shape point it measures (a run's planned points), else the run
+                row = c.execute("SELECT owner FROM run_shapes WHERE run_id=? AND shape_key=?" + self._for_share,
+                                (run_id, shape_key)).fetchone()
+                if row is not None:
+                    if row[0] != str(self.owner):
+                        raise LeaseLost(f"run {run_id}: shape point {shape_key} is "
+                                        f"{'held by ' + _describe(row[0]) if row[0] else 'not held by this process'}"
+                                        f" now; this process lost its lease and stops writing to it")
+                else:
+                    row = c.execute("SELECT owner FROM runs WHERE id=?" + self._for_share, (run_id,)).fetchone()
+                    if row is not None and row[0] is not None and row[0] != str(self.owner):
+                        raise LeaseLost(f"run {run_id} is held by {_describe(row[0])} now; this process lost its "
+                                        f"lease and stops writing to it")
                 cur = c.execute(
                     "INSERT INTO records (run_id, workload_key, shape, shape_key, fingerprint_key, candidate_key,"
                     " candidate, versions, round, status, reason, verdict, samples, wall_ms, agent_ms, created)"

@@ -108,6 +108,9 @@ class ShapeSummary:
     best_key: str | None  # the selected configuration (select.selected)
     winner_key: str | None = None  # the race's winner under confirmation (may differ from best)
     confirmation: ConfirmationSummary | None = None
+    # the device (identity) that measured it, when the run's points were claimed; "a,b": begun on a,
+    # resumed on b (another device of the same kind: its records' verdicts name the device of each job)
+    measured_on: str | None = None
 
     def get(self, key: str | None) -> CandidateSummary | None:
         return next((c for c in self.candidates if c.candidate.key() == key), None)
@@ -123,7 +126,7 @@ class ShapeSummary:
     def as_dict(self) -> dict[str, Any]:
         return {"shape": self.shape, "shape_key": self.shape_key, "workload_key": self.workload_key,
                 "default": self.default_key, "best_baseline": self.best_baseline_key, "best": self.best_key,
-                "winner": self.winner_key,
+                "winner": self.winner_key, "measured_on": self.measured_on,
                 "confirmation": self.confirmation.as_dict() if self.confirmation else None,
                 "candidates": [c.as_dict() for c in self.candidates]}
 
@@ -276,5 +279,9 @@ def summarize_run(store: Store, run_id: str) -> RunSummary:
     # runs recorded before confirmation existed have no confirm_rounds: count what is stored
     target = config.get("confirm_rounds")
     shapes = [_summarize_shape(v, target) for v in by_shape.values()]
+    # which device measured each point (a joined run's points are measured on several devices of one kind)
+    on = {p["shape_key"]: p["device"] for p in store.shapes(run_id)}
+    for s in shapes:
+        s.measured_on = on.get(s.shape_key)
     return RunSummary(run["id"], run["device"], run["model_path"], run["model_sha256"], run["fingerprint_key"], fp,
                       json.loads(run["versions"]), config, run["status"], bool(fp.get("emulated")), shapes)

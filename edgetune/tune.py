@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -28,10 +27,10 @@ import edgetune
 from edgetune.accuracy import AccuracyBudget
 from edgetune.agent.host import MAX_PROCS, MEMORY_MB, AgentClient, AgentInfo, Job, JobResult
 from edgetune.candidate import Candidate
-from edgetune.db import LeaseLost, Store
+from edgetune.db import WAIT_POLL_S, LeaseLost, Store
 from edgetune.devices.inventory import DeviceSpec, Inventory, device_identity, edgetune_home, home_subdir
-from edgetune.errors import (AuthError, DeviceError, DeviceUnreachable, EdgetuneError, HostKeyMismatch, StoreError,
-                             UserInputError)
+from edgetune.errors import AuthError, DeviceError, EdgetuneError, HostKeyMismatch, StoreError, UserInputError
+from edgetune.hostwork import HostWork
 from edgetune.kernels.device_measure import device_peaks
 from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
@@ -61,6 +60,9 @@ class TuneConfig:
     accuracy: AccuracyBudget = field(default_factory=AccuracyBudget)
     # candidates beyond the spaces (e.g. user adapters): each with its Space, or an already Prepared artifact
     extra: list[tuple[Candidate, Any]] = field(default_factory=list)
+    # a Ray cluster for the host's heavy work (references, tvm-relax builds; edgetune/hostwork.py), None: here.
+    # Not part of the run's identity: the cluster must compute what this host would (HostWork checks it)
+    ray: str | None = None
 
     def __post_init__(self) -> None:
         # race rounds share the records' round column with confirmation rounds (select.CONFIRM_BASE + k)
@@ -87,6 +89,10 @@ class DeviceOutcome:
     resumed: bool = False
     jobs_run: int = 0
     jobs_skipped: int = 0
+    shapes: list[str] = field(default_factory=list)  # the shape points this process measured
+    joined: bool = False  # it joined a run another process holds (tune(join=...))
+    # where the host's heavy work ran: None here; {"ray": address, "workers": [[node, pid], ...]}
+    host_work: dict[str, Any] | None = None
 
 
 @dataclass
@@ -126,8 +132,9 @@ class DeviceTuner:
     """Tunes one model on one device; owns that device's agent client."""
 
     def __init__(self, spec: DeviceSpec, store: Store, cfg: TuneConfig, progress: ProgressFn | None = None,
-                 client: AgentClient | None = None):
+                 client: AgentClient | None = None, hostwork: HostWork | None = None):
         self.spec = spec
+        self.hostwork = hostwork or HostWork(None)
         self.store = store
         self.cfg = cfg
         self.progress = progress or (lambda ev: None)
@@ -137,6 +144,7 @@ class DeviceTuner:
         self.jobs_skipped = 0
         self.cache_dir = edgetune_home() / "artifacts"
         self._peak: tuple[float | None, float | None] | None = None  # (fp32 GFLOP/s, int8 GOP/s)
+        self.device_id: str | None = None  # the physical device (inventory.device_identity), once known
 
     # ---- device access with bounded retries -------------------------------------------
     def _with_retries(self, fn, what: str):
@@ -225,6 +233,8 @@ class DeviceTuner:
                         extra: dict[str, Any] = {}
                         if getattr(space, "wants_spec", False):
                             extra["spec"] = self.spec
+                        if getattr(space, "wants_hostwork", False):  # a build a Ray cluster may run
+                            extra["hostwork"] = self.hostwork
                         if getattr(space, "wants_store", False):  # a build that records sessions of its own
                             extra["db"] = str(self.store.path)
                         if getattr(space, "wants_progress", False):  # long builds (tvm-tuned) report as they go
@@ -242,8 +252,7 @@ class DeviceTuner:
             job_wl = job_wl or wl
             tags = tags or {}
             key = cand.key()
-            if (key, rnd) in existing:
-                self.jobs_skipped += 1
+            if (key, rnd) in existing:  # (counted in jobs_skipped when the run was taken up)
                 self.progress({"event": "skip", "device": self.spec.name, "candidate": cand.label(), "round": rnd})
                 return
             p = prep(cand, space)
@@ -261,7 +270,8 @@ class DeviceTuner:
             rec = dict(run_id=run_id, workload_key=job_wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
                        fingerprint_key=info.fingerprint_key, candidate=cand.as_dict(),
                        versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
-                       reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state, "fresh_seed": res.fresh_seed,
+                       reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state,
+                                                       "measured_on": self.device_id, "fresh_seed": res.fresh_seed,
                                                        "load_ms": res.load_ms, **tags,
                                                        **({"placement": res.placement} if res.placement else {})},
                        samples_ns=res.samples_ns, wall_ms=wall,
@@ -327,14 +337,21 @@ class DeviceTuner:
 
     # ---- whole run ------------------------------------------------------------------------
     def tune(self, model: Model, points: list[dict[str, int]], user_inputs: Mapping[str, np.ndarray],
-             command: str = "") -> DeviceOutcome:
+             command: str = "", join: dict[str, Any] | None = None) -> DeviceOutcome:
         """Tune on this device. Whatever ends it, the run is given back with a status that says
         how (complete, down, failed: <error>, interrupted), never left 'running'. Every failure is
         this device's outcome (the other devices go on); only a private home refused before any
-        device work, an infrastructure StoreError and Ctrl-C end the whole command."""
+        device work, an infrastructure StoreError and Ctrl-C end the whole command.
+
+        The run's shape points are claimed one at a time (Store.claim_shape), so other processes,
+        on other hosts and devices of the same hardware, can join it (``join``: the run's row):
+        each point is measured once, by one process on one device. The run's holder ends it once
+        every point is measured; a joiner that finds the holder gone takes the run up and ends it."""
         out = DeviceOutcome(self.spec.name, "down")
         self.cache_dir = home_subdir("artifacts")  # private: artifacts hold the user's model
         held_device = None
+        holding = False
+        claimed: str | None = None
         try:
             info = self.info()
             cands = self.candidates(model, info)
@@ -343,8 +360,12 @@ class DeviceTuner:
                                      f"(device has: {', '.join(k for k in info.runtimes if k != 'numpy') or 'none'})")
             versions = _versions(info)
             ui_key = hashlib.sha256(b"".join(a.tobytes() for a in user_inputs.values())).hexdigest()[:12]
+            cand_keys = hashlib.sha256(json.dumps(sorted(c.key() for c, _ in cands)).encode()).hexdigest()[:16]
             run_id = _run_id(self.spec.name, model, info, points, [c for c, _ in cands], self.cfg, ui_key, versions)
-            if self.cfg.fresh:
+            if join is not None:
+                run_id = join["id"]
+                _check_join(join, self.spec.name, info, versions, cand_keys, ui_key)
+            elif self.cfg.fresh:
                 run_id = hashlib.sha256(f"{run_id}{time.time_ns()}".encode()).hexdigest()[:16]
 
             def waiting(holder: str) -> None:  # an identical run is measuring this device: wait, then resume
@@ -352,7 +373,7 @@ class DeviceTuner:
                                "message": f"waiting for run {run_id} held by {holder}"})
 
             # the device itself: one process drives it at a time, whichever host and run (a lab's database)
-            device_id = device_identity(self.spec)
+            device_id = self.device_id = device_identity(self.spec)
 
             def device_busy(holder: str) -> None:
                 self.progress({"event": "wait", "device": self.spec.name, "run_id": run_id, "holder": holder,
@@ -360,46 +381,90 @@ class DeviceTuner:
 
             self.store.acquire_device(device_id, run_id, on_wait=device_busy)
             held_device = device_id
-            existed = self.store.start_run(
-                run_id, str(model.path), model.sha256, self.spec.name, info.fingerprint_key,
-                {**info.fingerprint, "arch": info.arch}, versions,
-                {**self.cfg.key_dict(), "points": points, "command": command, "timeout_s": self.cfg.timeout_s},
-                on_wait=waiting)
+            if join is None:
+                existed = self.store.start_run(
+                    run_id, str(model.path), model.sha256, self.spec.name, info.fingerprint_key,
+                    {**info.fingerprint, "arch": info.arch}, versions,
+                    {**self.cfg.key_dict(), "points": points, "command": command, "timeout_s": self.cfg.timeout_s,
+                     "candidates": cand_keys, "inputs": ui_key},
+                    on_wait=waiting)
+                holding = True
+            else:  # a run nobody holds now is taken up (resumed); a held one is helped
+                holding, existed = self.store.take_run(run_id), True
+                out.joined = not holding
             out.run_id, out.resumed = run_id, existed
+            if existed:  # what the run had recorded when this process took it up: not measured again
+                self.jobs_skipped = len(self.store.records(run_id=run_id))
             self.progress({"event": "start", "device": self.spec.name, "run_id": run_id, "resumed": existed,
-                           "candidates": len(cands), "points": len(points),
+                           "joined": out.joined, "candidates": len(cands), "points": len(points),
                            "total_jobs": len(points) * (len(cands) + self.cfg.rounds * (self.cfg.finalists + 2)
                                                          + self.cfg.confirm_rounds * 2)})
             start = time.monotonic()
             # host-side work on the model (references, FLOP count) counts against the budget too:
             # done for every shape point before the device's share of the budget is spent on them
             deadline = Deadline(start + self.cfg.budget_s, self.cfg.budget_s)
-            workloads = []
+            workloads = {}
+            remote = self.hostwork.remote  # references on the Ray cluster, all points at once
             for bindings in points:
-                wl = build_workload(model, bindings, user_inputs, seed=self.cfg.seed, deadline=deadline)
+                wl = build_workload(model, bindings, user_inputs, seed=self.cfg.seed,
+                                    deadline=None if remote else deadline)
                 wl.flops(deadline=deadline)
-                workloads.append(wl)
-            for i, wl in enumerate(workloads):
-                share_end = start + self.cfg.budget_s * (i + 1) / len(points)
-                self.tune_shape(run_id, model, info, wl, cands, versions, share_end)
+                workloads[wl.shape_key] = wl
+            if remote:
+                self.hostwork.references(list(workloads.values()), lambda: deadline.check("references"))
+                for wl in workloads.values():  # the tvm-relax builds of every point begin there now
+                    for cand, space in cands:
+                        if hasattr(space, "prefetch"):
+                            space.prefetch(cand, wl, info, self.cache_dir, self.hostwork)
+            self.store.plan_shapes(run_id, list(workloads))
+            waited = False
+            while True:  # claim the next shape point nobody measures; each point's share of the budget
+                claimed, busy = self.store.claim_shape(run_id, device_id)
+                if claimed is not None:
+                    share_end = start + self.cfg.budget_s * (len(out.shapes) + 1) / len(points)
+                    self.tune_shape(run_id, model, info, workloads[claimed], cands, versions, share_end)
+                    self.store.finish_shape(run_id, claimed)
+                    out.shapes.append(claimed)
+                    claimed = None
+                    continue
+                if busy == 0:
+                    break
+                if not holding:
+                    break  # the rest is being measured elsewhere; the run's holder ends the run
+                if not waited:  # the holder waits for its joiners (a dead one's point is claimed again)
+                    waited = True
+                    self.progress({"event": "wait", "device": self.spec.name, "run_id": run_id, "holder": "",
+                                   "message": f"run {run_id}: waiting for {busy} shape point(s) measured by "
+                                              f"processes that joined it"})
+                time.sleep(WAIT_POLL_S)
+            if not holding and busy == 0:  # every point measured and the holder gone: end the run here
+                holding = self.store.take_run(run_id)
             out.summary = summarize_run(self.store, run_id)
-            out.summary.status = "complete"
-            self.store.finish_run(run_id, out.summary.as_dict())
-            out.status = "complete"
+            if holding:
+                out.summary.status = "complete"
+                self.store.finish_run(run_id, out.summary.as_dict())
+                out.status = "complete"
+                out.joined = False
+            else:
+                out.status = "joined"
         except Exception as exc:
             out.status = "down"
             out.error = outcome_error(exc)
             self.progress({"event": "down", "device": self.spec.name, "error": out.error})
-            if out.run_id:
+            self._release_shape(out.run_id, claimed)
+            if out.run_id and holding:
                 self._give_back(out, "down" if isinstance(exc, DeviceError) else f"failed: {out.error}")
             if isinstance(exc, StoreError) and not isinstance(exc, LeaseLost):
                 raise  # the database failed: every device's results go there
         except BaseException:  # Ctrl-C, SystemExit: give the run back, then stop everything
-            if out.run_id:
+            self._release_shape(out.run_id, claimed)
+            if out.run_id and holding:
                 self._give_back(out, "interrupted")
             raise
         finally:
             out.jobs_run, out.jobs_skipped = self.jobs_run, self.jobs_skipped
+            if self.hostwork.remote:
+                out.host_work = {"ray": self.hostwork.address, "workers": sorted(map(list, self.hostwork.workers))}
             if held_device is not None:
                 try:
                     self.store.release_device(held_device)
@@ -411,6 +476,15 @@ class DeviceTuner:
                 except Exception:
                     pass
         return out
+
+    def _release_shape(self, run_id: str | None, shape_key: str | None) -> None:
+        """Give back the shape point being measured when the tune ended (it stays pending: whoever
+        claims it next resumes it, skipping what was recorded)."""
+        if run_id and shape_key:
+            try:
+                self.store.release_shape(run_id, shape_key)
+            except StoreError:
+                pass  # its lease runs out by itself
 
     def _give_back(self, out: DeviceOutcome, status: str) -> None:
         """Release an unfinished run with ``status`` and keep what summary its records give."""
@@ -427,6 +501,43 @@ class DeviceTuner:
             pass  # lost to another holder, or the database failed: its lease runs out, this host takes it over
 
 
+def _check_join(run: dict[str, Any], device: str, info: AgentInfo, versions: dict, cand_keys: str,
+                ui_key: str) -> None:
+    """A device may join a run only to measure what the run would have measured: the same hardware
+    and OS (fingerprint), runtimes and versions, candidates and inputs. Else its figures would sit
+    in one run beside figures that mean something else."""
+    cfg = json.loads(run["config"])  # (join_config has read it)
+    rid = run["id"]
+    if info.fingerprint_key != run["fingerprint_key"]:
+        raise UserInputError(f"{device} cannot join run {rid}: its fingerprint {info.fingerprint_key} is not the "
+                             f"run's {run['fingerprint_key']} (another CPU, OS or kernel; tune it in a run of its own)")
+    if json.loads(run["versions"]) != json.loads(json.dumps(versions, sort_keys=True)):
+        raise UserInputError(f"{device} cannot join run {rid}: its runtimes or edgetune versions differ from the run's")
+    if cfg["candidates"] != cand_keys:
+        raise UserInputError(f"{device} cannot join run {rid}: it gets other candidates than the run's "
+                             f"(give the run's --adapter options)")
+    if cfg["inputs"] != ui_key:
+        raise UserInputError(f"{device} cannot join run {rid}: other --inputs than the run's")
+
+
+def join_config(run: dict[str, Any], base: TuneConfig) -> tuple[TuneConfig, list[dict[str, int]]]:
+    """The settings and shape points of a recorded run, for a process that joins it (its own
+    adapters, ``base.extra``, are checked against the run's candidates by the device)."""
+    try:
+        c = json.loads(run["config"])
+        if "candidates" not in c:
+            raise KeyError("candidates")
+        cfg = TuneConfig(budget_s=float(c["budget_s"]), rounds=int(c["rounds"]), finalists=int(c["finalists"]),
+                         confirm_rounds=int(c["confirm_rounds"]), timeout_s=float(c.get("timeout_s", base.timeout_s)),
+                         spaces=tuple(c["spaces"]), max_candidates=c["max_candidates"], seed=int(c["seed"]),
+                         tvm_trials=int(c["tvm_trials"]), accuracy=AccuracyBudget.from_dict(c.get("accuracy")),
+                         extra=base.extra, retries=base.retries, ray=base.ray)
+        return cfg, [{str(k): int(v) for k, v in p.items()} for p in c["points"]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UserInputError(f"run {run['id']} has no recorded settings a tune can join (a run of an edgetune "
+                             f"before joins, or not a tune's): resume it with its own command") from None
+
+
 def outcome_error(exc: BaseException) -> str:
     """One line for a device's failure: edgetune's own errors as they are; anything else is a bug
     or a forged reply that slipped through, named as an internal error."""
@@ -438,17 +549,34 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
          sweeps: Sequence[str] = (), inputs: Sequence[str] = (), db: str | os.PathLike | None = None,
          config: TuneConfig | None = None, inventory: Inventory | None = None,
          progress: ProgressFn | None = None, command: str = "",
-         points: Sequence[Mapping[str, int]] | None = None) -> TuneOutcome:
+         points: Sequence[Mapping[str, int]] | None = None, join: str | None = None) -> TuneOutcome:
     """Tune MODEL on each device (in parallel). Bad input raises UserInputError before any device work.
     ``points``: the shape points themselves (e.g. a decoder's prefill and decode step, which are not
-    a product of dims), instead of the ones ``dims`` and ``sweeps`` span."""
+    a product of dims), instead of the ones ``dims`` and ``sweeps`` span.
+    ``join``: a run recorded in ``db`` (another host's, say) to measure on these devices too: its
+    settings and shape points are the run's; each device claims the points nobody measures yet."""
     from edgetune.workload import load_user_inputs, parse_dims, parse_sweeps
 
     cfg = config or TuneConfig()
     if isinstance(devices, str):
         devices = [devices]
+    joined = None
+    if join is not None:
+        st = Store(db, create=False)
+        try:
+            joined = st.get_run(join)
+        finally:
+            st.close()
+        if joined is None:
+            raise UserInputError(f"no run '{join}' to join in the database")
+        if joined["status"] == "complete":
+            raise UserInputError(f"run {join} is complete: there is nothing left to join")
+        cfg, points = join_config(joined, cfg)
     deadline = Deadline.after(cfg.budget_s)  # loading and checking the model on the host count too
     model = load_model(model_path, deadline=deadline)
+    if joined is not None and model.sha256 != joined["model_sha256"]:
+        raise UserInputError(f"{model_path} is not the model of run {join} (sha256 {model.sha256[:12]}…, the run's "
+                             f"{joined['model_sha256'][:12]}…)")
     dim_values = parse_dims(dims, model)
     sweep_values = parse_sweeps(sweeps, model)
     user_inputs = load_user_inputs(inputs)
@@ -464,7 +592,12 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
         build_workload(model, p, user_inputs, n_seeded=1, seed=cfg.seed, deadline=deadline)
     inv = inventory or Inventory()
     specs = [inv.get(d) for d in dict.fromkeys(devices)]
-    store = Store(db)
+    hostwork = HostWork(cfg.ray)  # a cluster it cannot use is refused before anything is written
+    try:
+        store = Store(db)
+    except BaseException:
+        hostwork.close()
+        raise
     lock = threading.Lock()
 
     def safe_progress(ev: dict[str, Any]) -> None:
@@ -478,7 +611,8 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
     def work(i: int, spec: DeviceSpec) -> None:
         # one device's failure is that device's outcome; the others go on
         try:
-            outcomes[i] = DeviceTuner(spec, store, cfg, safe_progress).tune(model, points, user_inputs, command)
+            outcomes[i] = DeviceTuner(spec, store, cfg, safe_progress, hostwork=hostwork).tune(
+                model, points, user_inputs, command, join=joined)
         except (UserInputError, StoreError) as exc:  # before device work, or the database: the whole command
             errors.append(exc)
         except Exception as exc:  # a bug outside DeviceTuner.tune's own net
@@ -500,5 +634,6 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
         if errors:
             raise errors[0]
     finally:
+        hostwork.close()
         store.close()
     return TuneOutcome(str(model.path), [o for o in outcomes if o is not None])

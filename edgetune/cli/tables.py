@@ -16,8 +16,11 @@ from edgetune.text import device_text, plain
 def run_tables(summary: RunSummary) -> list[Table]:
     tables = []
     fp = summary.fingerprint
+    devices = set(",".join(s.measured_on or "" for s in summary.shapes).split(","))
     for s in summary.shapes:
         shape = " ".join(f"{k}={v}" for k, v in s.shape.items()) or s.shape_key
+        if len(devices) > 1:  # a joined run: its points were measured on several devices of one kind
+            shape += f" (measured on {(s.measured_on or '?').replace(',', ', resumed on ')})"
         # the fingerprint, reasons and labels come from the device or a user's adapter: Text, never markup
         t = Table(title=plain(f"{Path(summary.model_path).name} on {summary.device} ({fp.get('cpu_model')}, "
                               f"{fp.get('cores')} cores{', EMULATED' if summary.emulated else ''}) — {shape}"),

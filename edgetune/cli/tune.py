@@ -39,17 +39,25 @@ def tune_cmd(
     max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="cap per space (quick runs)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a candidate counts as hung"),
     fresh: bool = typer.Option(False, "--fresh", help="start a new run instead of resuming an identical one"),
+    join: Optional[str] = typer.Option(None, "--join", metavar="RUN_ID",
+                                       help="measure a run another host started (in --db) on these devices too: "
+                                            "same hardware; the run's settings and shapes; each device claims "
+                                            "the shape points nobody measures yet"),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS",
+                                      help="run the host's heavy work (references, tvm-relax builds) on this Ray "
+                                           "cluster (same edgetune, onnxruntime and TVM on its nodes); "
+                                           "measurements stay on the devices"),
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="also write report.md, report.json and report.html here"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
 ) -> None:
     """Tune MODEL on one or more devices: every candidate verified, speedups with 95% CIs."""
     run_guarded(_tune, model, device, budget, sweep, dim, input, space, adapter, rounds, finalists, max_candidates,
-                timeout, fresh, report_dir, db, fmt, tvm_trials, reproducing_command(ctx), accuracy)
+                timeout, fresh, report_dir, db, fmt, tvm_trials, reproducing_command(ctx), accuracy, join, ray)
 
 
 def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
-          fresh, report_dir, db, fmt, tvm_trials=0, command="", accuracy=()):
+          fresh, report_dir, db, fmt, tvm_trials=0, command="", accuracy=(), join=None, ray=None):
     # lazy: CLI start-up (these import numpy and the tuner; --help needs neither)
     from edgetune.accuracy import AccuracyBudget
     from edgetune.api import resolve_model
@@ -74,7 +82,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     extra = [adapter_candidate(a) for a in adapters]
     cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
                      max_candidates=max_candidates, fresh=fresh, extra=extra, tvm_trials=tvm_trials,
-                     accuracy=budget_acc)
+                     accuracy=budget_acc, ray=ray)
 
     # task fields and descriptions are formatted into markup: device names and candidate labels go in safe()
     progress = Progress(TextColumn("[bold]{task.fields[device]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -88,10 +96,10 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     def on_event(ev):
         d = ev.get("device", "")
         if ev["event"] == "start":
-            tasks[d] = progress.add_task(safe(f"run {ev['run_id']}" + (" (resuming)" if ev["resumed"] else "")),
-                                         total=ev["total_jobs"], device=safe(d))
+            how = " (joining)" if ev.get("joined") else " (resuming)" if ev["resumed"] else ""
+            tasks[d] = progress.add_task(safe(f"run {ev['run_id']}{how}"), total=ev["total_jobs"], device=safe(d))
             if log_lines:
-                err_console.print(plain(f"{d}: run {ev['run_id']}{' (resuming)' if ev['resumed'] else ''}: "
+                err_console.print(plain(f"{d}: run {ev['run_id']}{how}: "
                                         f"{ev['candidates']} candidates × {ev['points']} shapes"), highlight=False)
         elif ev["event"] in ("job", "skip") and d in tasks:
             progress.advance(tasks[d])
@@ -118,7 +126,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
 
     with progress:
         outcome = tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=cfg,
-                       progress=on_event, command=command)
+                       progress=on_event, command=command, join=join)
     rep = report_dict(outcome)
     if report_dir is not None:
         write_atomic(report_dir / "report.json", __import__("json").dumps(rep, indent=2, default=str))
@@ -132,7 +140,10 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                 for t in run_tables(d.summary):
                     console.print(t)
             note = f" (resumed: {d.jobs_skipped} jobs already recorded)" if d.jobs_skipped else ""
-            if d.status != "complete":
+            if d.status == "joined":
+                console.print(plain(f"{d.device}: measured {len(d.shapes)} shape point(s) of run {d.run_id}, "
+                                    f"{d.jobs_run} jobs run{note}; its holder ends the run"), highlight=False)
+            elif d.status != "complete":
                 console.print(Text.assemble((device_text(f"{d.device}: down: {d.error}"), "red"), note),
                               highlight=False)
             else:
@@ -141,7 +152,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
         if report_dir is not None:
             console.print(plain(f"report written to {report_dir}/report.md, report.json and report.html"),
                           highlight=False)
-    if any(d.status != "complete" for d in outcome.devices):
+    if any(d.status not in ("complete", "joined") for d in outcome.devices):
         raise typer.Exit(3)
 
 

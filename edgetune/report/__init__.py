@@ -21,9 +21,11 @@ def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
     if hasattr(outcome_or_runs, "devices"):
         runs = [d.summary for d in outcome_or_runs.devices if d.summary is not None]
         devices = [{"device": d.device, "status": d.status, "error": d.error, "run_id": d.run_id,
-                    "resumed": d.resumed, "jobs_run": d.jobs_run, "jobs_skipped": d.jobs_skipped}
+                    "resumed": d.resumed, "jobs_run": d.jobs_run, "jobs_skipped": d.jobs_skipped,
+                    "joined": d.joined, "shapes_measured": list(d.shapes), "host_work": d.host_work}
                    for d in outcome_or_runs.devices]
-        devices_down = [{"device": d.device, "error": d.error} for d in outcome_or_runs.devices if d.status != "complete"]
+        devices_down = [{"device": d.device, "error": d.error} for d in outcome_or_runs.devices
+                        if d.status not in ("complete", "joined")]
     else:
         runs = list(outcome_or_runs)
     return {
@@ -120,8 +122,13 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"- model sha256 {md_code(str(run['model_sha256'])[:16] + '…')}, run {md_code(run['run_id'])} "
                 f"({t(run['status'])})",
                 f"- command: {command_text(run)}", ""]
+        on = [s.get("measured_on") or "" for s in run["shapes"]]
+        several = len(set(",".join(on).split(","))) > 1
         for s in run["shapes"]:
             shape = t(" ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"])
+            if several:  # a joined run: each point measured, baselines included, on one device of the kind
+                first, *then = (s.get("measured_on") or "?").split(",")
+                shape += f" (measured on {md_code(first)}" + "".join(f", resumed on {md_code(x)}" for x in then) + ")"
             out += [f"### {shape}", "",
                     "| candidate | key | status | phase | median ms | 95% CI ms | p10–p90 ms | CV | n | max rel err / accuracy | speedup vs default [95% CI] |",
                     "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -67,17 +67,21 @@ def artifact_key(workload: Workload, info: AgentInfo, target: dict, cross_cc: st
     tuning trials, and the build identity (edgetune and TVM versions, the compiler that links it:
     path + ``--version``, and the kernel threads: the target's ``num-cores``, which tvm-tuned tunes
     with). The VM's run-time ``num_threads`` is a run parameter of one shared artifact."""
-    threads = int(target.get("num-cores") or info.fingerprint.get("cores") or 1)
     ident = json.dumps({"model": workload.model.sha256, "shapes": {k: list(v) for k, v in workload.input_shapes.items()},
                         "target": target, "tuned": tuned, "trials": trials, "fp": info.fingerprint_key,
-                        "build": build_identity(resolve_cross_cc(target, cross_cc), threads)},
+                        "build": build_identity(resolve_cross_cc(target, cross_cc), _threads(target, info))},
                        sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def _threads(target: dict, info: AgentInfo) -> int:
+    return int(target.get("num-cores") or info.fingerprint.get("cores") or 1)
 
 
 class TvmRelaxSpace:
     name = "tvm-relax"
     wants_spec = True  # tvm-tuned measures kernels on the device itself
+    wants_hostwork = True  # tvm-relax builds may run on a Ray cluster (edgetune/hostwork.py)
     wants_progress = True  # and takes minutes: progress({"kernel", "trials", "best_gflops"}) as it goes
     wants_trials = True  # candidates(..., trials): TuneConfig.tvm_trials (tvm-tuned only)
 
@@ -95,17 +99,32 @@ class TvmRelaxSpace:
         params = {"trials": trials} if self.tuned else {}
         return [Candidate.make(self.backend, {**params, "num_threads": n}) for n in thread_counts(cores)]
 
-    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path,
-                spec=None, progress=None) -> Prepared:
+    def _artifact(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path):
         target, cross_cc = device_target(info)
-        shapes = {k: list(v) for k, v in workload.input_shapes.items()}
-        params = cand.param_dict
-        trials = int(params.get("trials", 0))
+        trials = int(cand.param_dict.get("trials", 0))
         try:
             key = artifact_key(workload, info, target, cross_cc, self.tuned, trials)
         except EdgetuneError as exc:  # e.g. the cross compiler is not installed
             raise BuildFailed(str(exc).splitlines()[0][:300]) from exc
-        out = cache_dir / f"{self.backend}-{workload.model.path.stem}-{key}.so"
+        return target, cross_cc, cache_dir / f"{self.backend}-{workload.model.path.stem}-{key}.so"
+
+    def prefetch(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path, hostwork) -> None:
+        """Start this candidate's build on the Ray cluster ahead of its turn (tvm-relax; tvm-tuned
+        measures on the device and stays here)."""
+        if self.tuned or not hostwork.remote:
+            return
+        try:
+            target, cross_cc, out = self._artifact(cand, workload, info, cache_dir)
+        except BuildFailed:
+            return  # prepare says why
+        hostwork.start_build(workload.model, workload.input_shapes, target, cross_cc, _threads(target, info), out)
+
+    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path,
+                spec=None, progress=None, hostwork=None) -> Prepared:
+        target, cross_cc, out = self._artifact(cand, workload, info, cache_dir)
+        shapes = {k: list(v) for k, v in workload.input_shapes.items()}
+        params = cand.param_dict
+        trials = int(params.get("trials", 0))
         run_params = {"num_threads": params.get("num_threads", 1)}
         if out.exists():
             return Prepared("tvm-relax", out, run_params)
@@ -128,6 +147,9 @@ class TvmRelaxSpace:
                 finally:
                     if measure is not None:
                         measure.close()
+            elif hostwork is not None and hostwork.remote:  # on the Ray cluster, checked against this host's identity
+                hostwork.start_build(workload.model, shapes, target, cross_cc, _threads(target, info), out)
+                hostwork.finish_build(out, build_identity(resolve_cross_cc(target, cross_cc), _threads(target, info)))
             else:
                 build_relax_model(workload.model.path, shapes, target, out, cross_cc=cross_cc)
         except EdgetuneError as exc:

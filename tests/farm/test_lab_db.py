@@ -4,7 +4,8 @@ The store's semantics on PostgreSQL (append-only records, run and device leases,
 once by many processes at once), ``db migrate`` from SQLite, ``devices ls --db`` showing who drives
 a device, and several host processes tuning the farm's devices into one database, one of them
 killed with ``kill -9`` mid-run: the survivor finishes, no job is measured twice, no record is lost,
-and the killed host's device lease expires and is taken over by another host that resumes its run."""
+and the killed host's device lease expires and is taken over by another host that resumes its run;
+a host joining another's run on a second board of the same kind, killed too, its share resumed."""
 
 from __future__ import annotations
 
@@ -251,6 +252,114 @@ def test_hosts_tune_into_one_database_and_a_killed_hosts_device_is_taken_over(la
         assert st.get_run(run_id)["status"] == "complete" and st.device_holders() == {}
     finally:
         st.close()
+
+
+def test_a_host_joins_a_run_on_a_second_board_and_its_killed_share_is_resumed_by_the_holder(lab, ssh_farm, tmp_path):
+    """Host a tunes six shape points on board 1; host b joins the run (--join) on board 2, a board of
+    the same kind: each claims the points nobody measures yet. Host b is killed with kill -9 while it
+    measures one; host a waits for that point's claim to expire, resumes it and ends the run. Every
+    (shape, candidate, round) is measured once, what b recorded is kept, and the report says which
+    board measured each point."""
+    url, homes, model = lab["url"], lab["homes"], lab["model"]
+    p = run(["devices", "add", "board2", f"ssh://{ssh_farm['user']}@{ssh_farm['host']}:{ssh_farm['port']}",
+             "--key", ssh_farm["key"], "--known-hosts", ssh_farm["known_hosts"], "--python", sys.executable,
+             "--identity", "lab-board-2", "--workdir", str(tmp_path / "board2")], homes["host-b"])
+    assert p.returncode == 0, p.stderr
+    args = ["--budget", "18", "--rounds", "1", "--finalists", "2", "--max-candidates", "3", "--space", "ort",
+            "--sweep", "batch=1,2,3,4,5,6", "--db", url, "--format", "json"]
+    a = _popen(["tune", model, "-d", "board", *args], homes["host-a"], "host-a")
+    st = Store(url)
+    b = None
+    try:
+        deadline = time.monotonic() + 120
+        run_id = None
+        while run_id is None and time.monotonic() < deadline and a.poll() is None:
+            runs = [r for r in st.runs() if r["device"] == "board"]
+            run_id = runs[0]["id"] if runs else None
+            time.sleep(0.05)
+        assert run_id is not None, a.stderr.read() if a.stderr else ""
+        # host b: the run's id, the model and its own board; the run's settings and shapes come from the database
+        b = _popen(["tune", model, "-d", "board2", "--join", run_id, "--db", url, "--format", "json"],
+                   homes["host-b"], "host-b")
+        killed = None
+        while time.monotonic() < deadline and b.poll() is None:
+            mine = [x for x in st.shapes(run_id) if x["device"] == "lab-board-2" and x["status"] == "measuring"]
+            if mine and any(r.shape_key == mine[0]["shape_key"] for r in st.records(run_id=run_id)):
+                b.send_signal(signal.SIGKILL)
+                b.wait(30)
+                killed = mine[0]["shape_key"]
+                break
+            time.sleep(0.05)
+        assert killed is not None, "host b was not caught measuring: " + (b.stderr.read() if b.stderr else "")
+        at_kill = {r.id: (r.shape_key, r.candidate_key, r.round, r.samples_ns.tolist())
+                   for r in st.records(run_id=run_id)}
+        b_points = {x["shape_key"] for x in st.shapes(run_id) if x["device"] == "lab-board-2"}
+        by_b = sum(1 for v in at_kill.values() if v[0] in b_points)
+        out_a, err_a = a.communicate(timeout=300)
+        assert a.returncode == 0, err_a
+        doc = json.loads(out_a)
+        (d,), (r,) = doc["devices"], doc["runs"]
+        assert r["run_id"] == run_id and r["status"] == "complete" and not d["joined"]
+        assert "waiting for 1 shape point(s)" in err_a or killed in d["shapes_measured"]
+        assert killed in d["shapes_measured"]  # the killed share was resumed by the holder
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        st.close()
+    st = Store(url)
+    try:
+        recs = st.records(run_id=run_id)
+        keys = [(x.shape_key, x.candidate_key, x.round) for x in recs]
+        assert len(keys) == len(set(keys))
+        assert len(recs) == d["jobs_run"] + by_b  # no job measured twice: a measured all that b had not
+        now = {x.id: (x.shape_key, x.candidate_key, x.round, x.samples_ns.tolist()) for x in recs}
+        assert all(now[i] == v for i, v in at_kill.items())  # nothing b recorded was lost or changed
+        points = st.shapes(run_id)
+        assert len(points) == 6 and all(x["status"] == "done" for x in points)
+        on = {x["shape_key"]: x["device"] for x in points}
+        assert on[killed] == "lab-board-2,lab-board-1"  # begun on board 2, resumed on board 1, and said so
+        assert all(v in ("lab-board-1", "lab-board-2") for k, v in on.items() if k != killed)
+        for x in recs:  # every job names the board that measured it
+            assert x.verdict["measured_on"] == ("lab-board-2" if x.id in at_kill and x.shape_key in b_points
+                                                else "lab-board-1")
+        assert st.device_holders() == {}
+    finally:
+        st.close()
+    rep = run(["report", "--run", run_id, "--db", url], homes["host-c"], _env("host-c"))
+    assert rep.returncode == 0, rep.stderr
+    assert "(measured on `lab-board-2`, resumed on `lab-board-1`)" in rep.stdout
+    assert "(measured on `lab-board-1`)" in rep.stdout
+
+
+def test_joining_refuses_what_it_cannot_join(lab):
+    url, homes, model = lab["url"], lab["homes"], lab["model"]
+    p = run(["tune", model, "-d", "board", "--join", "0123456789abcdef", "--db", url], homes["host-b"], _env("host-b"))
+    assert p.returncode == 2 and p.stderr.strip() == "error: no run '0123456789abcdef' to join in the database"
+    p = run(["tune", model, "-d", "board", "--db", url, *TUNE], homes["host-a"], _env("host-a"))
+    assert p.returncode == 0, p.stderr
+    run_id = json.loads(p.stdout)["runs"][0]["run_id"]
+    p = run(["tune", model, "-d", "board", "--join", run_id, "--db", url], homes["host-b"], _env("host-b"))
+    assert p.returncode == 2 and p.stderr.strip() == f"error: run {run_id} is complete: there is nothing left to join"
+    other = build_tiny(homes["host-b"] / "other.onnx", features=12)
+    st = Store(url)
+    try:  # unfinished runs (as a crash leaves them): one of the run above's settings, one without settings
+        conf = json.loads(st.get_run(run_id)["config"])
+        st.start_run("feedfacefeedface", str(model), "0" * 64, "board", "fk", {}, {}, conf)
+        st.start_run("badc0ffeebadc0ff", str(model), "0" * 64, "board", "fk", {}, {}, {"budget_s": 1})
+        real = st.get_run(run_id)  # the right model, recorded on hardware this board is not
+        st.start_run("0ther0ther0ther0", str(model), real["model_sha256"], "board", "other-fp", {}, {}, conf)
+    finally:
+        st.close()
+    p = run(["tune", other, "-d", "board", "--join", "feedfacefeedface", "--db", url], homes["host-b"], _env("host-b"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "is not the model of run feedfacefeedface" in p.stderr
+    p = run(["tune", model, "-d", "board", "--join", "badc0ffeebadc0ff", "--db", url], homes["host-b"], _env("host-b"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "has no recorded settings a tune can join" in p.stderr
+    p = run(["tune", model, "-d", "board", "--join", "0ther0ther0ther0", "--db", url, "--format", "json"],
+            homes["host-b"], _env("host-b"))
+    assert p.returncode == 3, p.stderr
+    (d,) = json.loads(p.stdout)["devices"]
+    assert d["status"] == "down" and "board cannot join run 0ther0ther0ther0: its fingerprint" in d["error"]
 
 
 def test_a_database_url_it_cannot_serve_gets_one_line(pg_server, tmp_path):

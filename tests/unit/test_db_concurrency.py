@@ -477,3 +477,47 @@ def test_device_leases_on_sqlite(tmp_path):
         done.set()
         other.join(60)
         b.close()
+
+
+def _shape_rec(st, run_id, shape_key, cand="c"):
+    return st.add_record(run_id=run_id, workload_key="w", shape={}, shape_key=shape_key, fingerprint_key="fk",
+                         candidate={"key": cand}, versions={}, round=0, status="verified", reason="", verdict={},
+                         samples_ns=[5, 6], wall_ms=1.0, agent_ms=1.0)
+
+
+def test_shape_points_are_claimed_once_and_a_gone_claimers_point_is_claimed_again(tmp_path, monkeypatch):
+    """Joining a run: each shape point is claimed by one Store at a time; only its claimer writes
+    its records; a claimer gone (its lease run out) leaves its point to the next claimer, which
+    records that it resumed it on another device."""
+    db = tmp_path / "r.db"
+    a, b = Store(db), Store(db)
+    try:
+        a.start_run("r1", "m.onnx", "sha", "dev", "fk", {}, {}, {})
+        a.plan_shapes("r1", ["p1", "p2", "p3"])
+        b.plan_shapes("r1", ["p1", "p2", "p3"])  # planning twice changes nothing
+        assert a.claim_shape("r1", "dev-a") == ("p1", 0)
+        assert b.claim_shape("r1", "dev-b") == ("p2", 1)  # p1 is a's
+        _shape_rec(a, "r1", "p1")
+        with pytest.raises(dbmod.LeaseLost, match="shape point p1 is held by"):
+            _shape_rec(b, "r1", "p1")  # b holds the run? no, and not the point either
+        with pytest.raises(dbmod.LeaseLost):
+            b.finish_shape("r1", "p1")
+        a.finish_shape("r1", "p1")
+        assert a.claim_shape("r1", "dev-a") == ("p3", 1)
+        assert a.claim_shape("r1", "dev-a") == (None, 2)  # p2 is b's, still live; p3 is a's, being measured
+        # b's lease runs out (a crashed host elsewhere): its point is claimed again, and the device change said
+        with b.tx() as c:
+            c.execute("UPDATE run_shapes SET owner=?, lease_until=? WHERE shape_key='p2'",
+                      ("4242@elsewhere:boot:1", time.time() - 1))
+        b._shapes.clear()
+        assert a.claim_shape("r1", "dev-a")[0] == "p2"
+        a.finish_shape("r1", "p2")
+        a.release_shape("r1", "p3")  # given back unmeasured: pending, claimable
+        assert b.claim_shape("r1", "dev-b")[0] == "p3"
+        b.finish_shape("r1", "p3")
+        assert a.claim_shape("r1", "dev-a") == (None, 0)
+        on = {p["shape_key"]: (p["device"], p["status"]) for p in a.shapes("r1")}
+        assert on == {"p1": ("dev-a", "done"), "p2": ("dev-b,dev-a", "done"), "p3": ("dev-a,dev-b", "done")}
+    finally:
+        a.close()
+        b.close()

@@ -1,6 +1,8 @@
 # The two commands of the README. Both do all set-up (apt packages, virtualenv) first.
 SHELL := /bin/bash
 PY := .venv/bin/python
+# the virtualenv's tools first (nvcc from NVIDIA's wheels when the machine has no CUDA toolkit: tools/setup.sh)
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 DEMO_BUDGET ?= 60
 
 .PHONY: setup demo test test-unit test-farm bench clean

@@ -512,10 +512,13 @@ def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Seque
     out_dir = Path(cfg.build_dir) if cfg.build_dir else home_subdir("judge") / arch
     try:
         if k.kind == "cuda":
-            if not info.runtimes.get("cuda"):
+            # built for the device GPU's own SM (its fingerprint, from nvidia-smi), not nvcc's default
+            sm = next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")),
+                      None)
+            if sm is None:
                 res.fail("not-applicable", "a CUDA kernel: this device has no CUDA GPU")
                 return None
-            b = kb.build_kernel(k.path, arch, out_dir, cflags=[*macros, *cfg.cflags])
+            b = kb.build_kernel(k.path, arch, out_dir, cflags=[*macros, *cfg.cflags], cuda_arch=sm)
         elif k.kind == "shared-object":
             b = kb.prepare_prebuilt(k.path, arch)
         else:

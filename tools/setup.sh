@@ -32,6 +32,24 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$STAMP"
 fi
 
+# NVIDIA's CUDA compiler (nvcc 13.0, NVIDIA's own wheels on PyPI) when the machine has none: CUDA
+# kernels (judge) and TVM's CUDA builds are compiled and checked for sm_80/sm_90 here, no GPU needed.
+# `make` puts .venv/bin (and this nvcc) on PATH.
+CUDA_DIR=.venv/share/edgetune/cuda-13.0
+NVCC_WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96
+             nvidia-cuda-cccl==13.0.85 nvidia-nvvm==13.0.88)
+if ! PATH="$PWD/.venv/bin:$PATH" command -v nvcc >/dev/null && [ ! -x "$CUDA_DIR/nvidia/cu13/bin/nvcc" ]; then
+  echo "setup: installing NVIDIA's nvcc 13.0 into $CUDA_DIR"
+  rm -rf "$CUDA_DIR.tmp"
+  .venv/bin/python -m pip install -q --no-deps --target "$CUDA_DIR.tmp" "${NVCC_WHEELS[@]}"
+  ln -sfn lib "$CUDA_DIR.tmp/nvidia/cu13/lib64"  # where nvcc.profile looks for libcudart_static
+  rm -rf "$CUDA_DIR" && mv "$CUDA_DIR.tmp" "$CUDA_DIR"
+fi
+if [ -x "$CUDA_DIR/nvidia/cu13/bin/nvcc" ]; then
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$PWD/$CUDA_DIR/nvidia/cu13/bin/nvcc" > .venv/bin/nvcc
+  chmod 755 .venv/bin/nvcc
+fi
+
 # onnxruntime's own libonnxruntime.so for aarch64 boards without Python (the native agent loads it):
 # from the onnxruntime wheel of that architecture on PyPI. 1.20.1: later aarch64 builds crash at load
 # under qemu-user (the test farm's board), 1.20.1 loads there and on hardware.

@@ -21,7 +21,7 @@ import time
 
 PROTOCOL = 3
 AGENT = "python"
-AGENT_VERSION = "2.3.0"
+AGENT_VERSION = "2.4.0"
 M64 = (1 << 64) - 1
 _WORKER_PID = None  # the process running the job: a candidate's forked child never writes its files
 
@@ -47,6 +47,69 @@ def sha256_array(arr):
     import numpy as np
 
     return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def _num(text):
+    """A number nvidia-smi printed (nounits), or None for [N/A], [Not Supported], ..."""
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return int(v) if v.is_integer() else v
+
+
+NVIDIA_SMI_QUERY = "name,compute_cap,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pci.bus_id"
+
+
+def parse_nvidia_smi(text, cuda_driver=None):
+    """The GPUs of ``nvidia-smi --query-gpu=NVIDIA_SMI_QUERY --format=csv,noheader,nounits``:
+    name, SM version (compute capability 9.0 -> sm_90), driver, memory (MiB), max SM and memory
+    clocks (MHz), PCI bus; ``cuda_driver``: the CUDA version the driver supports (libcuda)."""
+    out = []
+    for line in text.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) != 7 or not f[0]:
+            continue
+        cap = f[1].split(".")
+        sm = "sm_%s%s" % (cap[0], cap[1]) if len(cap) == 2 and cap[0].isdigit() and cap[1].isdigit() else None
+        out.append({"name": f[0], "sm": sm, "driver": f[2], "memory_mib": _num(f[3]), "max_sm_clock_mhz": _num(f[4]),
+                    "max_mem_clock_mhz": _num(f[5]), "pci_bus": f[6], "cuda_driver": cuda_driver})
+    return out
+
+
+def _cuda_version(lib, fn):
+    """A CUDA library's version call (cuDriverGetVersion, cudaRuntimeGetVersion) as "13.0", or None."""
+    import ctypes
+
+    try:
+        v = ctypes.c_int(0)
+        if getattr(ctypes.CDLL(lib), fn)(ctypes.byref(v)) != 0 or v.value <= 0:
+            return None
+        return "%d.%d" % (v.value // 1000, (v.value % 1000) // 10)
+    except (OSError, AttributeError):
+        return None
+
+
+def gpus():
+    """This device's NVIDIA GPUs (nvidia-smi), [] when it has none or no driver."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        text = subprocess.run([exe, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    import ctypes.util
+
+    found = parse_nvidia_smi(text, _cuda_version("libcuda.so.1", "cuDriverGetVersion"))
+    cudart = ctypes.util.find_library("cudart")  # the CUDA runtime on the library path, if any
+    for g in found:
+        g["cuda_runtime"] = _cuda_version(cudart, "cudaRuntimeGetVersion") if cudart else None
+    return found
 
 
 def fingerprint():
@@ -77,7 +140,7 @@ def fingerprint():
         for line in rel.splitlines():
             if line.startswith("PRETTY_NAME="):
                 os_name = line.split("=", 1)[1].strip('"')
-    return {
+    fp = {
         "cpu_model": model or platform.processor() or platform.machine(),
         "soc": hardware,
         "cores": cores,
@@ -87,6 +150,10 @@ def fingerprint():
         "governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
         "emulated": os.environ.get("EDGETUNE_EMULATED") or None,
     }
+    found = gpus()
+    if found:  # only a device with GPUs has the key: a CPU device's fingerprint stays what it was
+        fp["gpus"] = found
+    return fp
 
 
 def device_state():
@@ -170,6 +237,10 @@ def cmd_info():
 
 
 # --------------------------------------------------------------------------------------- backends
+# the memory an execution provider's inputs and outputs live in, for io_binding "device"
+DEVICE_MEMORY = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
+
+
 class OrtBackend:
     """onnxruntime with the candidate's session options; outputs bound to NaN-poisoned buffers."""
 
@@ -179,14 +250,31 @@ class OrtBackend:
 
         so = self._options(ort, params, model_path)
         provider = params.get("execution_provider", "CPUExecutionProvider")
-        self.sess = ort.InferenceSession(model_path, so, providers=[provider])
+        popts = params.get("provider_options")  # e.g. CUDA: cudnn_conv_algo_search, enable_cuda_graph
+        if popts is not None and (not isinstance(popts, dict) or not all(isinstance(v, str) for v in popts.values())):
+            raise ValueError("provider_options must map names to strings")
+        self._providers = [(provider, dict(popts))] if popts else [provider]
+        self.sess = ort.InferenceSession(model_path, so, providers=self._providers)
         self.np = np
+        self.ort = ort
         self.input_names = input_names
         self.outputs = outputs
         self.binding = self.sess.io_binding()
         self.out_bufs = [np.empty(o["shape"], dtype=o["dtype"]) for o in outputs]
         self._bound_inputs = None
         self._model_path, self._params, self._provider = model_path, params, provider
+        # io_binding "device": inputs and outputs stay in the accelerator's memory at fixed addresses
+        # (what CUDA graphs need); inputs are uploaded before each run (stage), outputs read back after
+        self.device = params.get("io_binding") == "device"
+        if self.device:
+            kind = DEVICE_MEMORY.get(provider)
+            if kind is None:
+                raise ValueError("io_binding 'device' needs a CUDA or TensorRT execution provider")
+            self._kind = kind
+            # (from copies: buffers of their own in any memory, never a view of the agent's arrays)
+            self.out_vals = [ort.OrtValue.ortvalue_from_numpy(b.copy(), kind, 0) for b in self.out_bufs]
+            self.in_vals = None
+            self.input_check = "agent copy (uploaded to the device before each run)"
 
     @staticmethod
     def _options(ort, params, model_path):
@@ -231,7 +319,7 @@ class OrtBackend:
         so = self._options(ort, self._params, self._model_path)
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(jobdir, "placement")
-        sess = ort.InferenceSession(self._model_path, so, providers=[self._provider])
+        sess = ort.InferenceSession(self._model_path, so, providers=self._providers)
         sess.run(None, dict(zip(self.input_names, inputs)))
         path = sess.end_profiling()
         try:
@@ -255,7 +343,27 @@ class OrtBackend:
 
     input_check = "runtime buffers"  # onnxruntime reads the agent's buffers, bound by pointer
 
+    def stage(self, inputs):
+        """io_binding "device": copy the agent's new inputs into the device buffers (same addresses)."""
+        if not self.device:
+            return
+        if self.in_vals is None:
+            self.in_vals = [self.ort.OrtValue.ortvalue_from_numpy(a.copy(), self._kind, 0) for a in inputs]
+            self.binding.clear_binding_inputs()
+            for name, v in zip(self.input_names, self.in_vals):
+                self.binding.bind_ortvalue_input(name, v)
+            self.binding.clear_binding_outputs()
+            for o, v in zip(self.outputs, self.out_vals):
+                self.binding.bind_ortvalue_output(o["name"], v)
+        else:
+            for v, a in zip(self.in_vals, inputs):
+                v.update_inplace(a)
+
     def bind(self, inputs):
+        if self.device:
+            if self.in_vals is None:
+                self.stage(inputs)
+            return
         if self._bound_inputs is not inputs:
             self.binding.clear_binding_inputs()
             for name, arr in zip(self.input_names, inputs):
@@ -270,12 +378,20 @@ class OrtBackend:
         for buf in self.out_bufs:
             if buf.dtype.kind == "f":
                 buf.fill(self.np.nan)
+        if self.device:  # the device's output buffers too: a run that writes nothing shows NaN
+            for v, buf in zip(self.out_vals, self.out_bufs):
+                if buf.dtype.kind == "f":
+                    v.update_inplace(buf)
 
     def run(self, inputs):
         self.bind(inputs)
         self.sess.run_with_iobinding(self.binding)
+        if self.device:
+            self.binding.synchronize_outputs()  # the device's work is done when the run's time ends
 
     def results(self):
+        if self.device:
+            return [v.numpy() for v in self.out_vals]
         return [b.copy() for b in self.out_bufs]
 
     def live(self):
@@ -649,6 +765,8 @@ def run_job(jobdir, req):
         return failed(result, "load failed", exc, limits)
     result["load_ms"] = (time.perf_counter_ns() - t0) / 1e6
     result["input_check"] = getattr(backend, "input_check", "agent copy")
+    # a backend whose inputs live on an accelerator uploads each new input here, outside the timed run
+    stage = getattr(backend, "stage", None) or (lambda w: None)
 
     def work_sha():
         return [sha256_array(a) for a in work]
@@ -659,6 +777,7 @@ def run_job(jobdir, req):
         out_files, after = [], []
         for i, base in enumerate(input_sets):
             fill_set(work, base)
+            stage(work)
             backend.poison()
             backend.run(work)
             out_files.append([_save(jobdir, "out_%d_%d.npy" % (i, k), a) for k, a in enumerate(backend.results())])
@@ -666,6 +785,7 @@ def run_job(jobdir, req):
         result["outputs"] = out_files
         result["input_sha256_after_sets"] = after
         fill_set(work, input_sets[0])
+        stage(work)
         backend.poison()
         backend.run(work)
         result["repeat_outputs"] = [_save(jobdir, "rep_%d.npy" % k, a) for k, a in enumerate(backend.results())]
@@ -677,6 +797,7 @@ def run_job(jobdir, req):
         spent = 0
         while True:
             fill_fresh(work, input_sets, seed, t)
+            stage(work)
             backend.poison()
             s0 = clock()
             backend.run(work)
@@ -699,6 +820,7 @@ def run_job(jobdir, req):
         run = backend.run
         for j in range(n):
             fill_fresh(work, input_sets, seed, t)
+            stage(work)
             backend.poison()
             s0 = clock()
             run(work)
@@ -728,14 +850,17 @@ def run_job(jobdir, req):
         probe_pairs = min(probe_pairs, int(budget_ns // (2 * per)) if per > 0 else probe_pairs)
         if probe_pairs:  # the repeated input once untimed first: a cache would hold it from here on
             fill_fresh(work, input_sets, seed, rep_t)
+            stage(work)
             run(work)
         for i in range(probe_pairs):
             # the order alternates within pairs, so an effect of running first or second cancels out
             for repeat in ((True, False) if i % 2 == 0 else (False, True)):
                 if repeat:
                     fill_fresh(work, input_sets, seed, rep_t)
+                    stage(work)
                 else:
                     fill_fresh(work, input_sets, seed, t)
+                    stage(work)
                     t += 1
                 s0 = clock()
                 run(work)

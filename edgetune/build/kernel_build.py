@@ -355,9 +355,31 @@ def _first_errors(output: str, limit: int = 2) -> str:
     return " | ".join(errs[:limit]) if errs else "no output"
 
 
+_SM_RE = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+
+
+def cuda_sms(path: str | os.PathLike) -> list[int]:
+    """The SM versions of the GPU binaries (cubins: ELF, machine EM_CUDA) embedded in a shared
+    object's fat binary, e.g. [90] for one built with -arch=sm_90: what the GPU runs without a JIT."""
+    data = Path(path).read_bytes()
+    out, i = [], 64
+    while True:
+        i = data.find(b"\x7fELF", i)
+        if i < 0 or i + 52 > len(data):
+            break
+        if data[i + 4] == 2 and struct.unpack_from("<H", data, i + 18)[0] == 190:  # 64-bit, EM_CUDA
+            sm = (struct.unpack_from("<I", data, i + 48)[0] >> 8) & 0xFF
+            if sm and sm not in out:
+                out.append(sm)
+        i += 4
+    return sorted(out)
+
+
 def build_kernel(source: str | os.PathLike, arch: str, out_dir: str | os.PathLike, *,
-                 triple: str | None = None, cflags: Sequence[str] = ()) -> BuiltKernel:
+                 triple: str | None = None, cflags: Sequence[str] = (), cuda_arch: str | None = None) -> BuiltKernel:
     """Compile a C/C++/CUDA kernel into a shared object for ``arch``, cached by content in ``out_dir``.
+    ``cuda_arch``: the device GPU's SM (e.g. "sm_90", from its fingerprint): CUDA is compiled to
+    that SM's binary (and its PTX), not to nvcc's default.
 
     A prebuilt shared object is passed to ``prepare_prebuilt``. Compile errors raise
     ``KernelBuildError`` (one line naming the file and the compiler's first error).
@@ -373,6 +395,10 @@ def build_kernel(source: str | os.PathLike, arch: str, out_dir: str | os.PathLik
         compiler = native._which(os.environ.get("NVCC") or "nvcc")
         if compiler is None:
             raise ToolchainError("nvcc not found: CUDA kernels need the CUDA toolkit and a GPU device")
+        if cuda_arch is not None:
+            if not _SM_RE.match(cuda_arch):
+                raise UserInputError(f"not a GPU architecture: {cuda_arch!r} (e.g. sm_90)")
+            cflags = [f"-arch={cuda_arch}", *cflags]
     else:
         compiler = _compiler_for(kind, tc_triple)
     before, libs = _flags(kind)

@@ -37,7 +37,8 @@ def _probe(spec) -> dict:
         row.update(health="ok", agent=f"{info.agent} {info.agent_version}", arch=info.arch, cores=fp.get("cores"),
                    os=fp.get("os"), kernel=fp.get("kernel"), cpu=fp.get("cpu_model"), soc=fp.get("soc"),
                    max_freq_khz=fp.get("max_freq_khz"), governor=fp.get("governor"), python=info.python,
-                   runtimes=rt, emulated=fp.get("emulated"), fingerprint_key=info.fingerprint_key)
+                   runtimes=rt, emulated=fp.get("emulated"), fingerprint_key=info.fingerprint_key,
+                   gpus=fp.get("gpus") or [])
     except EdgetuneError as exc:
         row = {"name": spec.name, "url": spec.url, "health": "down", "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - one device's surprise must not hide the others
@@ -70,16 +71,28 @@ def _cells(r: dict) -> list:
     name, url = plain(r["name"]), plain(r["url"])
     if r["health"] != "ok":
         down = Text.assemble(("down", "red"), ": ", device_text(r.get("error", "")))
-        return [name, url, down, "", "", "", "", "", ""]
+        return [name, url, down, "", "", "", "", "", "", ""]
     rts = ", ".join(f"{device_text(k)} {device_text(v)}" for k, v in r["runtimes"].items()) or "none"
     health = Text.assemble(("ok", "green"), " (emulated)" if r.get("emulated") else "")
     return [name, url, health, plain(r["arch"]), plain(r["cores"]), plain(f"{r['os']} / {r['kernel']}"),
-            plain(f"{r['cpu']}{_freq(r.get('max_freq_khz'))}, governor {r.get('governor')}"), plain(rts),
+            plain(f"{r['cpu']}{_freq(r.get('max_freq_khz'))}, governor {r.get('governor')}"),
+            plain("; ".join(gpu_text(g) for g in r.get("gpus") or []) or "none"), plain(rts),
             plain(r["fingerprint_key"])]
 
 
+def gpu_text(g: dict) -> str:
+    """One GPU as devices ls shows it: NVIDIA H200 sm_90, 139.8 GiB, 1980 MHz, driver 580.159.04, CUDA 13.0."""
+    mem = g.get("memory_mib")
+    parts = [f"{g.get('name')} {g.get('sm') or '(SM ?)'}",
+             f"{mem / 1024:.1f} GiB" if isinstance(mem, (int, float)) else "memory ?",
+             f"{g.get('max_sm_clock_mhz')} MHz" if g.get("max_sm_clock_mhz") else "clock ?",
+             f"driver {g.get('driver')}", f"CUDA {g.get('cuda_driver') or '?'}"
+             + (f" (runtime {g['cuda_runtime']})" if g.get("cuda_runtime") else "")]
+    return ", ".join(parts)
+
+
 def _table(rows, lab: bool = False) -> Table:
-    t = Table("name", "url", "health", "arch", "cores", "OS / kernel", "CPU", "runtimes", "fingerprint",
+    t = Table("name", "url", "health", "arch", "cores", "OS / kernel", "CPU", "GPU", "runtimes", "fingerprint",
               *(["driven by"] if lab else []))
     for r in rows:
         try:

@@ -18,8 +18,9 @@ from edgetune.workload import Model, Workload
 SPACES = {"ort": "edgetune.space.ort", "tflite": "edgetune.space.tflite", "tvm-relax": "edgetune.space.tvm_relax",
           "tvm-tuned": "edgetune.space.tvm_relax:TUNED", "adapter": "edgetune.space.adapter",
           "ort-int8": "edgetune.space.ort_rewrite:INT8", "ort-fused": "edgetune.space.ort_rewrite:FUSED",
-          "ort-tvm": "edgetune.space.ort_tvm"}
-APPROXIMATE_SPACES = ("ort-int8",)  # added to the spaces when the user sets an accuracy budget
+          "ort-tvm": "edgetune.space.ort_tvm", "ort-gpu-fp16": "edgetune.space.ort_gpu:FP16"}
+# added to the spaces when the user sets an accuracy budget (ort-gpu-fp16: nothing without a GPU provider)
+APPROXIMATE_SPACES = ("ort-int8", "ort-gpu-fp16")
 
 
 def with_approximate(spaces: tuple[str, ...], budget_set: bool) -> tuple[str, ...]:
@@ -62,6 +63,8 @@ def space_of(cand: Candidate) -> Space:
     params = cand.param_dict
     if "hybrid" in params:
         return load_space("ort-tvm")
+    if params.get("precision") == "fp16" and "execution_provider" in params:  # a GPU's fp16
+        return load_space("ort-gpu-fp16")
     if "precision" in params or "rewrite" in params:
         return load_space("ort-int8" if "precision" in params else "ort-fused")
     return load_space(cand.backend)

@@ -11,6 +11,8 @@ from pathlib import Path
 from edgetune.agent.host import AgentInfo
 from edgetune.candidate import Candidate
 from edgetune.space import Prepared
+from edgetune.space.ort_gpu import GPU_PROVIDERS
+from edgetune.space.ort_gpu import SPACE as GPU_SPACE
 from edgetune.workload import Model, Workload
 
 NOT_FOR_INFERENCE = {"AzureExecutionProvider"}  # remote-call EP, not an on-device runtime
@@ -35,8 +37,9 @@ class OrtSpace:
     def candidates(self, model: Model, info: AgentInfo) -> list[Candidate]:
         if not self.available(model, info):
             return []
+        # GPU providers get a grid of their own (space/ort_gpu.py), not the CPU's threads and spinning
         providers = [p for p in info.runtimes.get("onnxruntime_providers", ["CPUExecutionProvider"])
-                     if p not in NOT_FOR_INFERENCE] or ["CPUExecutionProvider"]
+                     if p not in NOT_FOR_INFERENCE and p not in GPU_PROVIDERS] or ["CPUExecutionProvider"]
         cores = int(info.fingerprint.get("cores") or 1)
         # the native agent (C API) sets no session config entries: no spinning dimension there
         spins = (1, 0) if info.agent == "python" else (None,)
@@ -53,7 +56,7 @@ class OrtSpace:
                             if mode == "parallel":
                                 params["inter_op_num_threads"] = min(2, cores)
                             out.append(Candidate.make("ort", params))
-        return out
+        return out + GPU_SPACE.candidates(model, info)
 
     def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
         return Prepared("ort", workload.model.path, cand.param_dict)

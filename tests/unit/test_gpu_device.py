@@ -1,0 +1,168 @@
+"""GPU devices without a GPU (issue 14): what can be checked here. The agent's reading of
+nvidia-smi (the line format of the H200 the GPU scripts ran on), devices ls's GPU column, the GPU
+candidates a device whose onnxruntime has the CUDA and TensorRT providers gets (their own grid, not
+the CPU's), fp16 under an accuracy budget (a converted model that onnxruntime runs within fp16's
+error), and the agent's device-resident io binding, driven here through onnxruntime's own OrtValues
+in CPU memory (the same calls the CUDA path makes, with "cuda" as the memory kind)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgetune.agent.host import AgentInfo
+from edgetune.cli.devices import gpu_text
+from edgetune.space import APPROXIMATE_SPACES, load_space, space_of, with_approximate
+from edgetune.space.ort_gpu import GPU_PROVIDERS
+from edgetune.workload import build_workload, compute_reference, load_model
+from tests.fixtures.tiny import build_tiny
+
+AGENT = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
+
+
+@pytest.fixture(scope="module")
+def agent():
+    spec = importlib.util.spec_from_file_location("edgetune_agent_gpu_test", AGENT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _info(providers):
+    return AgentInfo("python", "2.4.0", "x86_64", "3.11", {"onnxruntime": "1.20.1", "onnxruntime_providers": providers},
+                     {"cores": 16, "gpus": [{"name": "NVIDIA H200", "sm": "sm_90"}]})
+
+
+def test_nvidia_smi_reading_and_the_gpu_column(agent):
+    text = "NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0\n" \
+           "NVIDIA A100-SXM4-80GB, 8.0, 580.159.04, [N/A], [N/A], 1593, 00000000:1A:00.0\n\nbroken line\n"
+    g = agent.parse_nvidia_smi(text, "13.0")
+    assert g[0] == {"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "memory_mib": 143771,
+                    "max_sm_clock_mhz": 1980, "max_mem_clock_mhz": 3201, "pci_bus": "00000000:19:00.0",
+                    "cuda_driver": "13.0"}
+    assert g[1]["sm"] == "sm_80" and g[1]["memory_mib"] is None and len(g) == 2
+    assert gpu_text({**g[0], "cuda_runtime": "12.8"}) == \
+        "NVIDIA H200 sm_90, 140.4 GiB, 1980 MHz, driver 580.159.04, CUDA 13.0 (runtime 12.8)"
+    assert gpu_text(g[1]) == "NVIDIA A100-SXM4-80GB sm_80, memory ?, clock ?, driver 580.159.04, CUDA 13.0"
+    if shutil.which("nvidia-smi") is None:  # this machine: no GPU, no key, the CPU fingerprint as it was
+        assert agent.gpus() == [] and "gpus" not in agent.fingerprint()
+
+
+def test_a_gpu_device_gets_its_own_grid_and_fp16_only_under_a_budget(tmp_path):
+    model = load_model(build_tiny(tmp_path / "tiny.onnx"))
+    info = _info(["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    cands = load_space("ort").candidates(model, info)
+    gpu = [c for c in cands if c.param_dict.get("execution_provider") in GPU_PROVIDERS]
+    cpu = [c for c in cands if c.param_dict.get("execution_provider") == "CPUExecutionProvider"]
+    assert cands[0].baseline and cpu and len(gpu) == 12 + 2
+    for c in gpu:  # no CPU dimensions on a GPU provider; CUDA graphs only with device-resident buffers
+        p = c.param_dict
+        assert not {"intra_op_num_threads", "execution_mode", "session.intra_op.allow_spinning"} & set(p)
+        assert p["io_binding"] in ("host", "device") and not c.approximate
+        if p["provider_options"].get("enable_cuda_graph") == "1":
+            assert p["io_binding"] == "device"
+    assert len({c.key() for c in gpu}) == len(gpu)
+    # fp16 is approximate: its space joins only when the user sets an accuracy budget
+    assert "ort-gpu-fp16" in APPROXIMATE_SPACES and "ort-gpu-fp16" not in with_approximate(("ort",), False)
+    fp16 = load_space("ort-gpu-fp16").candidates(model, info)
+    assert fp16 and all(c.approximate for c in fp16)
+    assert {space_of(c).name for c in fp16} == {"ort-gpu-fp16"}
+    # a device without GPU providers: the CPU grid as before, nothing from the GPU spaces
+    cpu_only = _info(["CPUExecutionProvider"])
+    assert not load_space("ort-gpu-fp16").candidates(model, cpu_only)
+    assert all(c.param_dict.get("execution_provider", "CPUExecutionProvider") == "CPUExecutionProvider"
+               for c in load_space("ort").candidates(model, cpu_only))
+
+
+def test_fp16_model_runs_within_fp16_error(tmp_path):
+    import onnxruntime as ort
+
+    model = load_model(build_tiny(tmp_path / "tiny.onnx"))
+    wl = build_workload(model, {"batch": 4})
+    cand = next(c for c in load_space("ort-gpu-fp16").candidates(
+        model, _info(["CUDAExecutionProvider", "CPUExecutionProvider"])))
+    prep = space_of(cand).prepare(cand, wl, None, tmp_path / "cache")
+    assert prep.model is None and prep.artifact != model.path and "precision" not in prep.params
+    sess = ort.InferenceSession(str(prep.artifact), providers=["CPUExecutionProvider"])
+    assert [i.type for i in sess.get_inputs()] == ["tensor(float)"]  # float32 at the edges (keep_io_types)
+    x = wl.input_sets[0]
+    got = sess.run(None, {model.inputs[0].name: x[0]})[0]
+    want = compute_reference(model, x)[0]
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert 0 < err < 2e-3  # fp16's error: not bit-equal (it did compute in fp16), within its precision
+
+
+def test_device_resident_binding_uploads_each_input_and_poisons_the_outputs(agent, tmp_path, monkeypatch):
+    model = load_model(build_tiny(tmp_path / "tiny.onnx"))
+    wl = build_workload(model, {"batch": 3})
+    outs = [{"name": o.name, "dtype": "float32", "shape": [3, 8]} for o in model.outputs]
+    with pytest.raises(ValueError, match="needs a CUDA or TensorRT execution provider"):
+        agent.OrtBackend(str(model.path), {"io_binding": "device"}, wl.input_names, outs)
+    # the CUDA path's calls, on memory onnxruntime allocates for the CPU provider
+    monkeypatch.setitem(agent.DEVICE_MEMORY, "CPUExecutionProvider", "cpu")
+    b = agent.OrtBackend(str(model.path), {"io_binding": "device"}, wl.input_names, outs)
+    assert b.input_check.startswith("agent copy")
+    work = [np.empty_like(a) for a in wl.input_sets[0]]
+    for k, inputs in enumerate(wl.input_sets[:3]):
+        for w, a in zip(work, inputs):
+            w[...] = a  # the agent rewrites its buffers in place ...
+        b.stage(work)  # ... and uploads them before the timed run
+        b.poison()
+        assert np.isnan(b.results()[0]).all()  # the device's output buffer holds NaN until a run writes it
+        b.run(work)
+        assert np.array_equal(b.results()[0], compute_reference(model, inputs)[0]), k
+    # an input rewritten but not uploaded is not what the device computes on: the stage step is what counts
+    work[0][...] = wl.input_sets[0][0]
+    b.poison()
+    b.run(work)
+    assert not np.array_equal(b.results()[0], compute_reference(model, wl.input_sets[0])[0])
+
+
+def test_cuda_kernels_are_built_for_the_devices_sm(tmp_path):
+    """nvcc builds a CUDA kernel for the SM the device's fingerprint names (sm_80, sm_90): the
+    shared object's embedded GPU binaries are for that SM and no other."""
+    from edgetune.build import kernel_build as kb
+    from edgetune.errors import UserInputError
+    from tests.conftest import require
+
+    require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
+    cu = tmp_path / "k.cu"
+    cu.write_text('#include <edgetune_kernel.h>\n__global__ void twice(float *x) { x[threadIdx.x] *= 2; }\n'
+                  'EDGETUNE_KERNEL int edgetune_kernel(const DLTensor *i, int32_t ni, DLTensor *o, int32_t no) '
+                  '{ return 0; }\n')
+    built = {sm: kb.build_kernel(cu, "x86_64", tmp_path / "out", cuda_arch=sm) for sm in ("sm_80", "sm_90")}
+    assert kb.cuda_sms(built["sm_80"].path) == [80] and kb.cuda_sms(built["sm_90"].path) == [90]
+    assert built["sm_80"].path != built["sm_90"].path  # one cache entry per SM
+    assert "-arch=sm_90" in built["sm_90"].command
+    with pytest.raises(UserInputError, match="not a GPU architecture"):
+        kb.build_kernel(cu, "x86_64", tmp_path / "out", cuda_arch="sm_90; rm -rf /")
+
+
+def test_judge_builds_a_cuda_kernel_for_the_gpu_it_judges_on(tmp_path):
+    """judge: a CUDA source is built for the SM of the device's GPU; a device without one names the
+    kernel not applicable instead of building it."""
+    from edgetune.build import kernel_build as kb
+    from edgetune.hashing import sha256_file
+    from edgetune.judge import JudgeConfig, Judged, KernelFile, _build_for
+    from tests.conftest import require
+
+    require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
+    cu = tmp_path / "k.cu"
+    cu.write_text('#include <edgetune_kernel.h>\n__global__ void twice(float *x) { x[threadIdx.x] *= 2; }\n'
+                  'EDGETUNE_KERNEL int edgetune_kernel(const DLTensor *i, int32_t ni, DLTensor *o, int32_t no) '
+                  '{ return 0; }\n')
+    k = KernelFile("k.cu", cu, "cuda", sha256_file(cu))
+    cfg = JudgeConfig(build_dir=str(tmp_path / "b"))
+    # (a CUDA kernel links the CUDA runtime, which imports dlopen: judged only under the seccomp sandbox)
+    gpu = AgentInfo("python", "2.4.0", "x86_64", "3.11", {"judge-sandbox": "seccomp"},
+                    {"gpus": [{"name": "NVIDIA A100", "sm": "sm_80"}]})
+    res = Judged("k.cu", str(cu), "cuda", k.sha256, "gpu-box")
+    b = _build_for(k, gpu, cfg, res)
+    assert b is not None and kb.cuda_sms(b.path) == [80] and res.failure is None
+    cpu = AgentInfo("python", "2.4.0", "x86_64", "3.11", {}, {"cores": 2})
+    res = Judged("k.cu", str(cu), "cuda", k.sha256, "cpu-box")
+    assert _build_for(k, cpu, cfg, res) is None and res.failure == "not-applicable"

@@ -106,6 +106,7 @@ class CudaLocalMeasure:
         max_iters: int = 100_000,
         timeout_s: float = 60.0,
         python: str | None = None,
+        cache_flush_bytes: int | None = None,
     ) -> None:
         self.device = device
         self.num_threads = num_threads
@@ -113,6 +114,9 @@ class CudaLocalMeasure:
         self.min_iters, self.max_iters = int(min_iters), int(max_iters)
         self.timeout_s = float(timeout_s)
         self.python = python or sys.executable
+        # written before each timed run: larger than any GPU's L2 (H200: 60 MB), so no run is timed warm
+        self.cache_flush_bytes = int(cache_flush_bytes if cache_flush_bytes is not None
+                                     else (256 << 20 if device != "cpu" else 0))
         self._root = Path(tempfile.mkdtemp(prefix="edgetune-localmeasure-"))
         self._proc: subprocess.Popen | None = None
         self._stderr_path = self._root / "worker.stderr"
@@ -223,6 +227,7 @@ class CudaLocalMeasure:
                     {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in output_specs
                 ],
                 "timing_set": 0, "warmup_ms": self.warmup_ms, "budget_ms": self.budget_ms,
+                "cache_flush_bytes": self.cache_flush_bytes,
                 "min_iters": self.min_iters, "max_iters": self.max_iters,
             }
             (jobdir / "request.json").write_text(json.dumps(request))

@@ -166,3 +166,29 @@ def test_judge_builds_a_cuda_kernel_for_the_gpu_it_judges_on(tmp_path):
     cpu = AgentInfo("python", "2.4.0", "x86_64", "3.11", {}, {"cores": 2})
     res = Judged("k.cu", str(cu), "cuda", k.sha256, "cpu-box")
     assert _build_for(k, cpu, cfg, res) is None and res.failure == "not-applicable"
+
+
+def test_the_kernel_worker_times_on_the_device_clock_with_caches_flushed(tmp_path):
+    """The CUDA kernel worker (tune-kernels' measurer on a local GPU) times each run with TVM's
+    device timer (CUDA events on a GPU) into preallocated outputs, flushing the caches first; run
+    here on the CPU device, whose timer the same code uses. A GPU measurer flushes 256 MiB (more
+    than any L2) unless told otherwise."""
+    from tests.conftest import require_module
+
+    require_module("tvm")
+    from edgetune.build.tvm_kernel import as_tvm_target, compile_module, default_schedule, export_module
+    from edgetune.kernels.measurement import CudaLocalMeasure
+    from edgetune.kernels.targets import host_target
+    from edgetune.kernels.workloads import parse_workload
+
+    wl = parse_workload("gemm:M=32,N=32,K=32")
+    tgt = as_tvm_target(host_target().tvm_target)
+    so = export_module(compile_module(default_schedule(wl.ir_module(), tgt), tgt), tmp_path / "gemm.so")
+    inputs = wl.random_inputs(seed=5)
+    with CudaLocalMeasure(device="cuda") as gpu:
+        assert gpu.cache_flush_bytes == 256 << 20
+    with CudaLocalMeasure(device="cpu", cache_flush_bytes=4 << 20, budget_ms=20.0, min_iters=5) as m:
+        run = m(str(so), inputs, wl.outputs)
+    assert run.status == "ok", run.reason
+    assert len(run.samples_ns) >= 5 and all(s > 0 for s in run.samples_ns)
+    np.testing.assert_allclose(run.outputs[0], wl.reference(inputs)[0], rtol=1e-4, atol=1e-4)

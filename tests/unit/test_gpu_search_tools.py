@@ -48,3 +48,43 @@ def test_sampled_cuda_schedules_are_distinct_and_valid(tmp_path):
     for s in schedules:  # MetaSchedule's postprocessors bound every loop to GPU threads
         text = s.mod.script()
         assert "threadIdx.x" in text and "blockIdx" in text
+
+
+def test_verify_results_checks_returned_gpu_outputs_and_reports_every_baseline(tmp_path, capsys):
+    """The host half after a GPU run (tools/gpu/verify_results.py), on results as the GPU machine
+    writes them: outputs checked against float64 references computed here, cuBLAS, torch.matmul
+    and torch.compile reported side by side with intervals; a wrong output fails the check."""
+    import json
+
+    vr = load_tool("gpu", "verify_results")
+    src, out = tmp_path / "src", tmp_path / "out"
+    (src / "kernels").mkdir(parents=True)
+    out.mkdir()
+    wl = parse_workload("gemm:M=64,N=48,K=32")
+    a, b = wl.random_inputs(seed=2)
+    np.save(src / "kernels" / "k0_in0.npy", a)
+    np.save(src / "kernels" / "k0_in1.npy", b)
+    (src / "manifest.json").write_text(json.dumps([{"spec": "gemm:M=64,N=48,K=32", "so": "k0.so", "flops": wl.flops(),
+                                                    "inputs": ["k0_in0.npy", "k0_in1.npy"], "outputs": []}]))
+    rng = np.random.default_rng(0)
+    samples = lambda ms: (rng.normal(ms, ms / 50, 40) * 1e6).tolist()  # noqa: E731
+    res = {"gpu": "NVIDIA H200, 580.159.04, 1980 MHz", "tvm": "0.27.0.post1", "cupy": "14.2.0", "results": [
+        {"spec": "gemm:M=64,N=48,K=32", "repeat_equal": True, "inputs_unchanged": True, "output": "k0_out.npy",
+         "tvm_samples_ns": samples(0.010), "cublas_samples_ns": samples(0.005), "timing": "CUDA events per launch",
+         "torch": "2.9.0", "torch_matmul_samples_ns": samples(0.006), "torch_compile_samples_ns": samples(0.008),
+         "torch_matmul_vs_tvm_max_rel_diff": 1e-7, "torch_compile_vs_tvm_max_rel_diff": 2e-7}]}
+    (out / "results.json").write_text(json.dumps(res))
+    np.save(out / "k0_out.npy", (a @ b).astype(np.float32))
+    assert vr.main(src, out) == 0
+    text = capsys.readouterr().out
+    assert "timing: CUDA events per launch" in text and "| gemm:M=64,N=48,K=32 | yes |" in text
+    import re
+
+    ratios = [float(x) for x in re.findall(r"\| ([0-9.]+)× \[", text)]  # TVM vs cuBLAS, torch.matmul, torch.compile
+    assert "torch_matmul" in text and "torch_compile" in text and len(ratios) == 3
+    assert 0.45 < ratios[0] < 0.55 and 0.55 < ratios[1] < 0.65 and 0.75 < ratios[2] < 0.85
+    wrong = (a @ b).astype(np.float32)
+    wrong[3, 4] += 1.0
+    np.save(out / "k0_out.npy", wrong)
+    assert vr.main(src, out) == 1
+    assert "| gemm:M=64,N=48,K=32 | NO |" in capsys.readouterr().out

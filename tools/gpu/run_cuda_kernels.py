@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """GPU side of the check (runs on the GPU machine with the slim TVM runtime): for each kernel in the
 manifest, poison the output (NaN), run once, save the output for the host to verify, run again
-(determinism), then time it with CUDA-synchronized wall clock over a ms budget after warm-up; and
-time cuBLAS (cupy.matmul into a preallocated output, out=, as the TVM kernel writes into one) on the
-same data as the baseline, interleaved A B A B. Writes
-results.json and the outputs to OUTDIR. Never sees a reference."""
+(determinism), then time every launch alone with CUDA events after an L2 flush (cupy; wall clock
+without it); cuBLAS (cupy, out=) and, where PyTorch is installed, torch.matmul (out=) and
+torch.compile in the same interleaved rounds, on the same data (cuBLAS and torch.matmul into
+preallocated outputs, as the TVM kernel writes into one; the baselines' outputs are compared with
+the kernel's). Writes results.json and the outputs to OUTDIR. Never sees a reference."""
 
 import json
 import os
@@ -84,29 +85,48 @@ def main(src, out):
         repeat_equal = all(np.array_equal(a, o.numpy()) for a, o in zip(first, outs))
         inputs_unchanged = all(np.array_equal(a, t.numpy()) for a, t in zip(host_in, args))
 
-        def timed(call, budget_s=0.3):
+        def timed(call, budget_s=0.1):
+            """Each launch alone: the L2 flushed first (a 256 MiB write, more than any L2), then
+            timed with CUDA events on the stream TVM, cuBLAS and torch all launch on (the legacy
+            default stream), into the preallocated outputs. Without cupy: blocks of 20 launches,
+            synchronized, by wall clock (and said so in the results)."""
             for _ in range(3):
                 call()
             dev.sync()
-            t0 = time.perf_counter()
-            n = 0
-            while time.perf_counter() - t0 < 0.05:
-                call(); n += 1
-            dev.sync()
-            est = (time.perf_counter() - t0) / n
-            iters = max(10, int(budget_s / est))
-            samples = []
-            for _ in range(max(1, iters // 20)):  # blocks of 20 launches, synchronized
-                s = time.perf_counter()
-                for _ in range(20):
-                    call()
+            if cp is None:
+                t0 = time.perf_counter()
+                n = 0
+                while time.perf_counter() - t0 < 0.05:
+                    call(); n += 1
                 dev.sync()
-                samples.append((time.perf_counter() - s) / 20 * 1e9)
+                iters = max(10, int(budget_s / ((time.perf_counter() - t0) / n)))
+                samples = []
+                for _ in range(max(1, iters // 20)):
+                    s = time.perf_counter()
+                    for _ in range(20):
+                        call()
+                    dev.sync()
+                    samples.append((time.perf_counter() - s) / 20 * 1e9)
+                return samples
+            samples = []
+            t_end = time.perf_counter() + budget_s
+            while time.perf_counter() < t_end or len(samples) < 10:
+                flush.fill(len(samples) & 0xFF)
+                ev0.record()
+                call()
+                ev1.record()
+                ev1.synchronize()
+                samples.append(cp.cuda.get_elapsed_time(ev0, ev1) * 1e6)
             return samples
 
+        if cp is not None:
+            flush = cp.empty(256 << 20, dtype=cp.uint8)
+            ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
         tvm_call = lambda: fn(*args, *outs)
         blas_call = None
         blas_check = None
+        torch_calls = {}
+        torch_checks = {}
         if cp is not None and k["spec"].startswith(("gemm", "batch_matmul")):
             ca = [cp.asarray(a) for a in host_in]
             b = ca[1]
@@ -118,15 +138,43 @@ def main(src, out):
             cp.cuda.Device().synchronize()
             blas_check = float(np.max(np.abs(c_out.get() - first[0])) / max(np.max(np.abs(first[0])), 1e-30))
             blas_call = lambda: cp.matmul(ca[0], b, out=c_out)
+            try:  # PyTorch where the GPU machine has it: its cuBLAS call (out=) and torch.compile
+                import torch
+
+                ta, tb = torch.from_dlpack(ca[0]), torch.from_dlpack(b)
+                t_out = torch.matmul(ta, tb)
+                torch_calls["torch_matmul"] = lambda: torch.matmul(ta, tb, out=t_out)
+                compiled = torch.compile(lambda x, y: torch.matmul(x, y), mode="max-autotune-no-cudagraphs")
+                compiled(ta, tb)  # compile and autotune once, outside the timing
+                torch_calls["torch_compile"] = lambda: compiled(ta, tb)  # (its output: the caching allocator's)
+                for name, call in torch_calls.items():
+                    got = call()
+                    got = t_out if got is None else got
+                    torch.cuda.synchronize()
+                    torch_checks[name] = float(np.max(np.abs(got.cpu().numpy() - first[0]))
+                                               / max(np.max(np.abs(first[0])), 1e-30))
+                torch_version = torch.__version__
+            except Exception as exc:  # no torch, or no compiler for torch.compile: say why
+                torch_calls, torch_checks = {}, {}
+                torch_version = f"unavailable: {type(exc).__name__}: {str(exc)[:200]}"
+        else:
+            torch_version = None
         tvm_s, blas_s = [], []
+        torch_s = {name: [] for name in torch_calls}
         for _ in range(5):  # interleaved rounds
-            tvm_s += timed(tvm_call, 0.1)
+            tvm_s += timed(tvm_call)
             if blas_call is not None:
-                blas_s += timed(lambda: (blas_call(), None)[1], 0.1)
+                blas_s += timed(lambda: (blas_call(), None)[1])
+            for name, call in torch_calls.items():
+                torch_s[name] += timed(lambda: (call(), None)[1])
         results.append({"spec": k["spec"], "flops": k["flops"], "repeat_equal": bool(repeat_equal),
                         "inputs_unchanged": bool(inputs_unchanged), "tvm_samples_ns": tvm_s,
                         "cublas_samples_ns": blas_s, "cublas_out": "preallocated (out=)",
-                        "cublas_vs_tvm_max_rel_diff": blas_check, "device": str(dev), "output": "k%d_out.npy" % i})
+                        "cublas_vs_tvm_max_rel_diff": blas_check, "device": str(dev), "output": "k%d_out.npy" % i,
+                        "timing": "CUDA events per launch, 256 MiB L2 flush before each" if cp is not None
+                        else "wall clock, blocks of 20 synchronized launches",
+                        "torch": torch_version, **{f"{n}_samples_ns": v for n, v in torch_s.items()},
+                        **{f"{n}_vs_tvm_max_rel_diff": v for n, v in torch_checks.items()}})
         print(k["spec"], "tvm median us %.1f" % (np.median(tvm_s) / 1e3),
               "cublas median us %.1f" % (np.median(blas_s) / 1e3) if blas_s else "")
     info = {"gpu": os.popen("nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader").read().strip(),

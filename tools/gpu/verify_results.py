@@ -22,7 +22,9 @@ from edgetune.verify import compare  # noqa: E402
 def main(src: Path, out: Path) -> int:
     res = json.loads((out / "results.json").read_text())
     manifest = json.loads((src / "manifest.json").read_text())
-    print(f"GPU: {res['gpu']}; tvm {res['tvm']} (runtime only), cupy {res['cupy']}")
+    print(f"GPU: {res['gpu']}; tvm {res['tvm']} (runtime only), cupy {res['cupy']}; "
+          f"timing: {res['results'][0].get('timing', 'wall clock') if res['results'] else '-'}; "
+          f"torch: {res['results'][0].get('torch') if res['results'] else '-'}")
     print("| kernel | verified | max rel err | repeat bitwise | inputs unchanged | edgetune/TVM GFLOP/s | cuBLAS GFLOP/s | TVM vs cuBLAS [95% CI] |")
     print("|---|---|---|---|---|---|---|---|")
     ok_all = True
@@ -45,6 +47,13 @@ def main(src: Path, out: Path) -> int:
             blas, rt = "—", "—"
         print(f"| {k['spec']} | {'yes' if ok else 'NO'} | {err.max_rel:.1e} | {r['repeat_equal']} | "
               f"{r['inputs_unchanged']} | {gf:.0f} | {blas} | {rt} |")
+        for name in ("torch_matmul", "torch_compile"):  # PyTorch's baselines, where the GPU machine had it
+            if r.get(f"{name}_samples_ns"):
+                b = summarize(r[f"{name}_samples_ns"])
+                ratio = speedup(r[f"{name}_samples_ns"], r["tvm_samples_ns"])
+                print(f"|   {name} (max rel diff to the kernel {r.get(name + '_vs_tvm_max_rel_diff', float('nan')):.1e}) "
+                      f"| | | | | | {k['flops'] / b.median_ns:.0f} | {ratio.value:.2f}× [{ratio.ci_low:.2f}, "
+                      f"{ratio.ci_high:.2f}] |")
     return 0 if ok_all else 1
 
 

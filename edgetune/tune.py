@@ -429,13 +429,16 @@ class DeviceTuner:
                     continue
                 if busy == 0:
                     break
-                if not holding:
-                    break  # the rest is being measured elsewhere; the run's holder ends the run
+                if not holding:  # the rest is measured elsewhere: the run's holder ends it, unless it is gone
+                    holding = self.store.take_run(run_id)
+                    if not holding:
+                        break
+                    out.joined = False  # taken up: this process waits for the rest and ends the run
                 if not waited:  # the holder waits for its joiners (a dead one's point is claimed again)
                     waited = True
                     self.progress({"event": "wait", "device": self.spec.name, "run_id": run_id, "holder": "",
                                    "message": f"run {run_id}: waiting for {busy} shape point(s) measured by "
-                                              f"processes that joined it"})
+                                              f"other processes (a dead one's is claimed again when its lease runs out)"})
                 time.sleep(WAIT_POLL_S)
             if not holding and busy == 0:  # every point measured and the holder gone: end the run here
                 holding = self.store.take_run(run_id)

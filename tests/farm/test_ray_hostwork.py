@@ -6,7 +6,6 @@ and selects as one without it, its heavy work done by the cluster's worker proce
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -19,23 +18,15 @@ import numpy as np
 import pytest
 
 from edgetune.errors import EdgetuneError, UserInputError
-from tests.conftest import require_module
+from tests.conftest import load_tool, require_module
 from tests.fixtures.tiny import build_tiny
 
 EDGETUNE = [sys.executable, "-m", "edgetune.cli.main"]
-_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "farm"
-
-
-def _ray_farm():
-    spec = importlib.util.spec_from_file_location("ray_farm", _TOOLS / "ray_farm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    farm = _ray_farm()
+    farm = load_tool("farm", "ray_farm")
     base = Path(tempfile.mkdtemp(prefix="etray-"))  # short: Ray's socket paths
     old = {k: os.environ.get(k) for k in farm.ENV}
     os.environ.update(farm.ENV)  # no usage statistics from this process's Ray driver either

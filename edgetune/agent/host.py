@@ -444,6 +444,35 @@ class AgentClient:
             self._pushed.add(rdir)
         return [[f"{rdir}/{n}" for n in row] for row in names]
 
+    def stage_job(self, job: Job, tmp: Path) -> dict[str, Any]:
+        """Put the job's artifact, model and inputs on the device (what is there already stays)
+        and return its request, as the agent reads it (``run_job``; tools/gpu/ort_gpu_replay.py
+        stages jobs for a device to run offline)."""
+        artifact, digest = self._ensure_artifact(job.artifact)
+        model = None
+        if job.model is not None:
+            m_remote, m_digest = self._ensure_artifact(job.model)
+            model = {"path": m_remote, "sha256": m_digest}
+        inputs = self._ensure_inputs(job.input_sets, tmp)
+        request = {
+            "protocol": PROTOCOL, "backend": job.backend, "artifact": artifact,
+            "artifact_sha256": digest, "params": self._agent_params(job.backend, job.params),
+            "input_names": job.input_names, "inputs": inputs, "outputs": job.output_specs,
+            "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
+            "max_iters": job.max_iters, "fresh_seed": job.fresh_seed, "check_iters": job.check_iters,
+            "check_fastest": job.check_fastest, "probe_pairs": job.probe_pairs,
+            **({"placement": True} if job.placement else {}),
+            # devices.toml zygote = false: every job in a fresh agent process (Python agent)
+            **({"fresh_process": True} if self.spec.options.get("zygote") is False else {}),
+            # the agent's supervisor stops the job before the host gives up on the command
+            "limits": {"memory_mb": job.memory_mb, "max_procs": job.max_procs,
+                       "timeout_s": max(1.0, job.timeout_s - 2.0)},
+            "max_bundle_bytes": job.max_bundle_bytes(),
+        }
+        if model:
+            request["model"] = model
+        return request
+
     def run_job(self, job: Job) -> JobResult:
         self.provision()
         t_start = time.perf_counter()
@@ -451,30 +480,8 @@ class AgentClient:
         with tempfile.TemporaryDirectory(prefix="edgetune-job-") as tmpd:
             tmp = Path(tmpd)
             try:
-                artifact, digest = self._ensure_artifact(job.artifact)
-                model = None
-                if job.model is not None:
-                    m_remote, m_digest = self._ensure_artifact(job.model)
-                    model = {"path": m_remote, "sha256": m_digest}
-                inputs = self._ensure_inputs(job.input_sets, tmp)
-                max_bundle = job.max_bundle_bytes()
-                request = {
-                    "protocol": PROTOCOL, "backend": job.backend, "artifact": artifact,
-                    "artifact_sha256": digest, "params": self._agent_params(job.backend, job.params),
-                    "input_names": job.input_names, "inputs": inputs, "outputs": job.output_specs,
-                    "warmup_ms": job.warmup_ms, "budget_ms": job.budget_ms, "min_iters": job.min_iters,
-                    "max_iters": job.max_iters, "fresh_seed": job.fresh_seed, "check_iters": job.check_iters,
-                    "check_fastest": job.check_fastest, "probe_pairs": job.probe_pairs,
-                    **({"placement": True} if job.placement else {}),
-                    # devices.toml zygote = false: every job in a fresh agent process (Python agent)
-                    **({"fresh_process": True} if self.spec.options.get("zygote") is False else {}),
-                    # the agent's supervisor stops the job before the host gives up on the command
-                    "limits": {"memory_mb": job.memory_mb, "max_procs": job.max_procs,
-                               "timeout_s": max(1.0, job.timeout_s - 2.0)},
-                    "max_bundle_bytes": max_bundle,
-                }
-                if model:
-                    request["model"] = model
+                request = self.stage_job(job, tmp)
+                max_bundle = request["max_bundle_bytes"]
                 self._check_agent()  # the agent is ours, byte for byte, right before it runs
                 t_agent = time.perf_counter()
                 c = self.transport.run(self._agent_argv + ["run-stdio", jobdir], timeout=job.timeout_s,

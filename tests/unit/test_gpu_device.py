@@ -8,6 +8,7 @@ in CPU memory (the same calls the CUDA path makes, with "cuda" as the memory kin
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -192,3 +193,37 @@ def test_the_kernel_worker_times_on_the_device_clock_with_caches_flushed(tmp_pat
     assert run.status == "ok", run.reason
     assert len(run.samples_ns) >= 5 and all(s > 0 for s in run.samples_ns)
     np.testing.assert_allclose(run.outputs[0], wl.reference(inputs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_verifies_here(tmp_path):
+    """tools/gpu/ort_gpu_replay.py, all three steps on this GPU-less machine: the GPU candidates are
+    staged as the agent's requests, run by the agent as the GPU machine would run them, and their
+    answers validated and verified here. Without onnxruntime-gpu, device-resident candidates fail
+    to load (said why), and host-bound CUDA ones run on the CPU and are labelled as having fallen
+    back, never passed off as GPU figures."""
+    import subprocess
+    import sys
+
+    from tests.conftest import load_tool
+
+    replay = load_tool("gpu", "ort_gpu_replay")
+    model = build_tiny(tmp_path / "tiny.onnx")
+    src, out = tmp_path / "carry", tmp_path / "out"
+    assert replay.main(["prepare", str(src), "--model", str(model), "--batch", "2", "--rounds", "1",
+                        "--budget-ms", "20"]) == 0
+    plan = json.loads((src / "plan.json").read_text())
+    assert len(plan["jobs"]) == 2 + 12 + 2
+    for req in (src / "device" / "requests").iterdir():  # nothing in a request names this machine's paths
+        assert str(src) not in req.read_text()
+    # the device half as the GPU machine runs it: the carried directory only, no edgetune import
+    p = subprocess.run([sys.executable, str(Path(replay.__file__)), "run", str(src), str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    md = tmp_path / "r.md"
+    assert replay.main(["verify", str(src), str(out), "--markdown", str(md)]) == 0
+    rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in md.read_text().splitlines() if ln.startswith("| ort")}
+    assert "| yes |" in rows["ort default"]
+    dev = [v for k, v in rows.items() if "io_binding=device" in k]
+    assert len(dev) == 8 + 1 and all("| NO |" in v and "load failed" in v for v in dev)
+    host = [v for k, v in rows.items() if "ep=CUDA" in k and "io_binding=host" in k]
+    assert host and all("fell back: 0 of" in v for v in host)

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""onnxruntime's GPU candidates on a GPU machine the host cannot reach, through edgetune's own agent,
+request validation and verification (issue 14): the device half runs offline.
+
+    .venv/bin/python tools/gpu/ort_gpu_replay.py prepare DIR --model mobilenet --batch 1,8   # host
+    python3 tools/gpu/ort_gpu_replay.py run DIR OUT                                        # GPU machine
+    .venv/bin/python tools/gpu/ort_gpu_replay.py verify DIR OUT [--markdown FILE]          # host
+
+prepare: the candidates the ``ort`` space gives a device whose onnxruntime has the CUDA and TensorRT
+providers (space/ort_gpu.py), the onnxruntime defaults and the CPU provider's defaults as baselines,
+each staged as the agent's request by AgentClient.stage_job into DIR (artifacts, inputs, requests
+with paths relative to their job dirs), in ``--rounds`` interleaved rounds; the host's Job objects
+(fresh-input seeds included) stay in DIR/host, with the references computed here.
+run (stdlib + numpy + onnxruntime-gpu; no edgetune): the Python agent's ``info`` (the GPU's
+fingerprint: nvidia-smi, CUDA versions), then every request through ``edgetune_agent.py run-stdio``,
+its bundle saved as it came. Never sees a reference.
+verify: every bundle through AgentClient's validation and verify.verify_job against the references
+computed here, as a live device's answers are; a table of medians with 95% intervals and speedups
+against the onnxruntime defaults (the GPU provider when the build has one) and the CPU provider.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def prepare(out: Path, model_name: str, batches: list[int], rounds: int, budget_ms: float) -> int:
+    sys.path.insert(0, str(HERE.parents[2]))
+    from edgetune.agent.host import AgentClient, AgentInfo, Job
+    from edgetune.api import resolve_model
+    from edgetune.candidate import Candidate
+    from edgetune.devices.inventory import DeviceSpec
+    from edgetune.space import load_space
+    from edgetune.workload import build_workload, load_model
+
+    if out.exists():
+        sys.exit(f"error: {out} exists; give a new directory")
+    model = load_model(resolve_model(model_name))
+    # the device as a GPU machine's onnxruntime-gpu reports itself: CUDA, TensorRT, CPU
+    info = AgentInfo("python", "expected", "x86_64", "3", {
+        "onnxruntime": "gpu", "onnxruntime_providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                                                        "CPUExecutionProvider"]}, {"cores": 16})
+    gpu = [c for c in load_space("ort").candidates(model, info) if "io_binding" in c.param_dict]
+    cands = [Candidate.make("ort", {}, baseline=True),
+             Candidate.make("ort", {"execution_provider": "CPUExecutionProvider"}, baseline=True), *gpu]
+    dev = out / "device"
+    (out / "host").mkdir(parents=True)
+    client = AgentClient(DeviceSpec("replay", "local"), workdir=str(dev))
+    jobs, plan = [], []
+    try:
+        client.provision()  # the device's layout (agent, artifacts, inputs, jobs) as on any device
+        for b in batches:
+            dims = {d: b for s in model.inputs for d in s.dims if isinstance(d, str)}
+            wl = build_workload(model, dims, seed=0)
+            wl.references()
+            specs = [{"name": n, "dtype": str(r.dtype), "shape": list(r.shape)}
+                     for n, r in zip(wl.output_names, wl.references()[0])]
+            for rnd in range(rounds):
+                order = cands[rnd % len(cands):] + cands[:rnd % len(cands)]  # interleaved, rotated per round
+                for c in order:
+                    job = Job(backend="ort", artifact=model.path, params=c.param_dict, input_names=wl.input_names,
+                              input_sets=wl.input_sets, output_specs=specs, budget_ms=budget_ms,
+                              warmup_ms=min(50.0, budget_ms / 4), timeout_s=600.0, memory_mb=None,
+                              placement=True)
+                    n = len(jobs)
+                    request = client.stage_job(job, out / "host")
+                    jobdir = f"{dev}/jobs/{n:04d}"
+                    # device paths relative to the job dir: the directory may sit anywhere on the GPU machine
+                    text = json.dumps(request).replace(f'"{dev}/', '"../../')
+                    (dev / "requests").mkdir(exist_ok=True)
+                    (dev / "requests" / f"{n:04d}.json").write_text(text)
+                    jobs.append(job)
+                    plan.append({"job": n, "batch": b, "round": rnd, "candidate": c.as_dict(), "label": c.label(),
+                                 "jobdir": os.path.relpath(jobdir, out)})
+            with open(out / "host" / f"workload-{b}.pkl", "wb") as f:
+                pickle.dump(wl, f)
+    finally:
+        client.close()
+    with open(out / "host" / "jobs.pkl", "wb") as f:
+        pickle.dump(jobs, f)
+    (out / "plan.json").write_text(json.dumps({"model": model_name, "batches": batches, "rounds": rounds,
+                                               "jobs": plan}, indent=1))
+    print(f"{len(plan)} jobs ({len(cands)} candidates x {len(batches)} batch sizes x {rounds} rounds) in {out}")
+    return 0
+
+
+def run(src: Path, out: Path) -> int:
+    """On the GPU machine: the agent's info, then every request, in order; bundles saved as they came."""
+    out.mkdir(parents=True, exist_ok=True)
+    agent = src / "device" / "agent" / "edgetune_agent.py"
+    info = subprocess.run([sys.executable, str(agent), "info"], capture_output=True, timeout=120)
+    (out / "info.json").write_bytes(info.stdout)
+    plan = json.loads((src / "plan.json").read_text())
+    t0 = time.monotonic()
+    for p in plan["jobs"]:
+        n = p["job"]
+        request = (src / "device" / "requests" / f"{n:04d}.json").read_bytes()
+        jobdir = src / p["jobdir"]
+        s = time.monotonic()
+        try:
+            c = subprocess.run([sys.executable, str(agent), "run-stdio", str(jobdir)], input=request,
+                               capture_output=True, timeout=900, cwd=str(src / "device"))
+            rc, stdout, stderr = c.returncode, c.stdout, c.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, stdout, stderr = -9, exc.stdout or b"", b"timed out after 900 s"
+        (out / f"{n:04d}.bundle").write_bytes(stdout)
+        (out / f"{n:04d}.meta").write_text(json.dumps({"returncode": rc, "agent_ms": (time.monotonic() - s) * 1e3,
+                                                       "stderr": stderr.decode("utf-8", "replace")[-2000:]}))
+        print(f"job {n} {p['label']} batch {p['batch']} round {p['round']}: rc {rc}, "
+              f"{time.monotonic() - s:.1f} s", flush=True)
+    print(f"{len(plan['jobs'])} jobs in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def verify(src: Path, out: Path, markdown: Path | None) -> int:
+    sys.path.insert(0, str(HERE.parents[2]))
+    from edgetune.agent import validate
+    from edgetune.agent.host import AgentClient
+    from edgetune.devices.base import Completed
+    from edgetune.devices.inventory import DeviceSpec
+    from edgetune.measure import speedup, summarize
+    from edgetune.results import placement_label
+    from edgetune.verify import verify_job
+
+    plan = json.loads((src / "plan.json").read_text())
+    with open(src / "host" / "jobs.pkl", "rb") as f:
+        jobs = pickle.load(f)
+    wls = {}
+    for b in plan["batches"]:
+        with open(src / "host" / f"workload-{b}.pkl", "rb") as f:
+            wls[b] = pickle.load(f)
+    client = AgentClient(DeviceSpec("replay", "local", {}))
+    try:
+        info = validate.info_dict((out / "info.json").read_bytes(), "the GPU machine")
+        fp = validate.clean_map(info.get("fingerprint"), "fingerprint")
+    except Exception as exc:  # noqa: BLE001 - the machine's info is reported, not trusted
+        fp = {"error": str(exc)}
+    lines = [f"GPU machine: {json.dumps(fp.get('gpus') or 'no GPU reported')}; "
+             f"CPU {fp.get('cpu_model')}, {fp.get('cores')} cores; onnxruntime "
+             f"{json.dumps((info.get('runtimes') or {}).get('onnxruntime_providers')) if isinstance(info, dict) else '?'}",
+             ""]
+    by: dict[tuple[int, str], dict] = {}
+    for p in plan["jobs"]:
+        n, job, wl = p["job"], jobs[p["job"]], wls[p["batch"]]
+        meta = json.loads((out / f"{n:04d}.meta").read_text())
+        res = client._collect(Completed(meta["returncode"], (out / f"{n:04d}.bundle").read_bytes(),
+                                        meta["stderr"].encode()), job, meta["agent_ms"])
+        verdict = verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
+                             timings_trusted=True, approximate=False)
+        row = by.setdefault((p["batch"], p["label"]), {"candidate": p["candidate"], "samples": [], "ok": True,
+                                                       "reasons": [], "placement": None})
+        row["ok"] &= verdict.ok
+        if not verdict.ok:
+            row["reasons"].append(verdict.reason)
+        row["samples"] += list(res.samples_ns) if verdict.ok else []
+        row["placement"] = res.placement or row["placement"]
+    for b in plan["batches"]:
+        rows = {label: r for (bb, label), r in by.items() if bb == b}
+        default = next((r for r in rows.values() if r["candidate"].get("baseline") and not r["candidate"]["params"]),
+                       None)
+        cpu = next((r for r in rows.values() if r["candidate"].get("baseline") and r["candidate"]["params"]), None)
+        lines += [f"### batch {b}", "", "| candidate | verified | median ms [95% CI] | vs onnxruntime default | "
+                  "vs CPU provider | where the nodes ran | why not |", "|---|---|---|---|---|---|---|"]
+        for label, r in rows.items():
+            med = vs_d = vs_c = "—"
+            if r["ok"] and r["samples"]:
+                s = summarize(r["samples"])
+                med = f"{s.median_ns / 1e6:.4f} [{s.ci_low_ns / 1e6:.4f}, {s.ci_high_ns / 1e6:.4f}]"
+                for base, slot in ((default, "d"), (cpu, "c")):
+                    if base is not None and base is not r and base["ok"] and base["samples"]:
+                        x = speedup(base["samples"], r["samples"])
+                        txt = f"{x.value:.2f}× [{x.ci_low:.2f}, {x.ci_high:.2f}]"
+                        vs_d, vs_c = (txt, vs_c) if slot == "d" else (vs_d, txt)
+            nodes = placement_label(r["placement"]) or "—"  # a GPU candidate that ran on the CPU says so
+            why = "; ".join(dict.fromkeys(r["reasons"]))[:160] or ""
+            lines.append(f"| {label} | {'yes' if r['ok'] else 'NO'} | {med} | {vs_d} | {vs_c} | {nodes} | {why} |")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if markdown is not None:
+        markdown.write_text(text + "\n")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("dir", type=Path)
+    p.add_argument("--model", default="mobilenet")
+    p.add_argument("--batch", default="1,8")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--budget-ms", type=float, default=300.0)
+    r = sub.add_parser("run")
+    r.add_argument("dir", type=Path)
+    r.add_argument("out", type=Path)
+    v = sub.add_parser("verify")
+    v.add_argument("dir", type=Path)
+    v.add_argument("out", type=Path)
+    v.add_argument("--markdown", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare":
+        return prepare(a.dir, a.model, [int(x) for x in a.batch.split(",")], a.rounds, a.budget_ms)
+    if a.cmd == "run":
+        return run(a.dir, a.out)
+    return verify(a.dir, a.out, a.markdown)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -35,6 +35,7 @@ from edgetune.kernels.device_measure import device_peaks
 from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
+from edgetune.space.ort_gpu import GPU_PROVIDERS
 from edgetune.text import device_text
 from edgetune.verify import Verdict, verify_job
 from edgetune.workload import Deadline, Model, Workload, build_workload, load_model, shape_points
@@ -212,8 +213,11 @@ class DeviceTuner:
         if self._peak is None:  # once per device: a roofline needs the device's clock and ISA
             self._peak = device_peaks(self.client, info)
         int8 = bool(cand and cand.param_dict.get("precision") == "int8")  # its roofline: the int8 peak
+        # the roofline is the CPU's: a candidate on a GPU provider has none here (no stated GPU peak yet)
+        on_gpu = bool(cand and cand.param_dict.get("execution_provider") in GPU_PROVIDERS)
         return verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
-                          flops=wl.flops(), peak_gflops=self._peak[1 if int8 else 0], timings_trusted=not info.emulated,
+                          flops=wl.flops(), peak_gflops=None if on_gpu else self._peak[1 if int8 else 0],
+                          timings_trusted=not info.emulated,
                           approximate=bool(cand and cand.approximate), budget=self.cfg.accuracy)
 
     # ---- one shape point -------------------------------------------------------------------

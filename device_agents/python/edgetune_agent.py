@@ -253,7 +253,14 @@ class OrtBackend:
         popts = params.get("provider_options")  # e.g. CUDA: cudnn_conv_algo_search, enable_cuda_graph
         if popts is not None and (not isinstance(popts, dict) or not all(isinstance(v, str) for v in popts.values())):
             raise ValueError("provider_options must map names to strings")
-        self._providers = [(provider, dict(popts))] if popts else [provider]
+        popts = dict(popts or {})
+        cache = popts.get("trt_engine_cache_path")
+        if cache is not None:  # TensorRT's engines: kept in the agent's work dir, across jobs (minutes to build)
+            if os.path.isabs(cache) or ".." in cache.split("/"):
+                raise ValueError("trt_engine_cache_path must be a relative path inside the agent's work dir")
+            popts["trt_engine_cache_path"] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                          cache)
+        self._providers = [(provider, popts)] if popts else [provider]
         self.sess = ort.InferenceSession(model_path, so, providers=self._providers)
         self.np = np
         self.ort = ort

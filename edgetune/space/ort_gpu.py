@@ -13,8 +13,9 @@ fp16 (``ort-gpu-fp16``, an approximate space: selectable only under an accuracy 
 converted to float16 inside, float32 at its inputs and outputs (onnxruntime's transformers
 converter, ``keep_io_types``), on CUDA; and TensorRT's own fp16 mode.
 
-The baseline stays what the ``ort`` space makes it: the device's onnxruntime defaults (which put
-the model on the first provider of the build, the GPU, when there is one).
+Baselines: the ``ort`` space's onnxruntime defaults (the agent names the CPU provider: onnxruntime-gpu
+has no default provider) and, here, each GPU provider at its defaults: the strongest baseline a GPU
+candidate's speedup is confirmed against is a GPU one.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class OrtGpuSpace:
         if model.format != "onnx" or "onnxruntime" not in info.runtimes:
             return []
         eps = gpu_providers(info)
+        # each GPU provider's own defaults are baselines: a GPU configuration is judged against the GPU
+        # at onnxruntime's defaults, not only against the CPU (onnxruntime-gpu makes no provider the default)
+        base = [] if self.fp16 else [Candidate.make("ort", {"execution_provider": ep}, baseline=True) for ep in eps]
         params: list[dict] = []
         if "CUDAExecutionProvider" in eps:
             if self.fp16:
@@ -78,7 +82,7 @@ class OrtGpuSpace:
                 params += cuda_candidates()
         if "TensorrtExecutionProvider" in eps:
             params += tensorrt_candidates(self.fp16)
-        return [Candidate.make("ort", p) for p in params]
+        return base + [Candidate.make("ort", p) for p in params]
 
     def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
         params = dict(cand.param_dict)

@@ -59,7 +59,10 @@ def test_a_gpu_device_gets_its_own_grid_and_fp16_only_under_a_budget(tmp_path):
     cands = load_space("ort").candidates(model, info)
     gpu = [c for c in cands if c.param_dict.get("execution_provider") in GPU_PROVIDERS]
     cpu = [c for c in cands if c.param_dict.get("execution_provider") == "CPUExecutionProvider"]
-    assert cands[0].baseline and cpu and len(gpu) == 12 + 2
+    assert cands[0].baseline and cpu and len(gpu) == 2 + 12 + 2
+    # each GPU provider at its defaults is a baseline: GPU speedups are against the GPU, not only the CPU
+    assert sorted(c.param_dict["execution_provider"] for c in gpu if c.baseline) == sorted(GPU_PROVIDERS)
+    gpu = [c for c in gpu if not c.baseline]
     for c in gpu:  # no CPU dimensions on a GPU provider; CUDA graphs only with device-resident buffers
         p = c.param_dict
         assert not {"intra_op_num_threads", "execution_mode", "session.intra_op.allow_spinning"} & set(p)
@@ -212,7 +215,7 @@ def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_v
     assert replay.main(["prepare", str(src), "--model", str(model), "--batch", "2", "--rounds", "1",
                         "--budget-ms", "20"]) == 0
     plan = json.loads((src / "plan.json").read_text())
-    assert len(plan["jobs"]) == 2 + 12 + 2
+    assert len(plan["jobs"]) == 1 + 2 + 12 + 2
     for req in (src / "device" / "requests").iterdir():  # nothing in a request names this machine's paths
         assert str(src) not in req.read_text()
     # the device half as the GPU machine runs it: the carried directory only, no edgetune import

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from edgetune.accuracy import AccuracyBudget
 from edgetune.candidate import Candidate
-from edgetune.db import Store
+from edgetune.db import Store, device_lease
 from edgetune.devices.inventory import Inventory, device_identity, edgetune_home
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
@@ -131,19 +131,20 @@ def verify_config(model: str, config_key: str, device: str = "local", *, dims: S
     finally:
         store.close()
     spec = (inventory or Inventory()).get(device)
-    tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed, accuracy=acc))
-    info = tuner.info()
-    results = []
-    for p in shape_points(m, parse_dims(dims, m), {}):
-        wl = build_workload(m, p, load_user_inputs(inputs), seed=seed)
-        try:
-            prep = space_of(cand).prepare(cand, wl, info, tuner.cache_dir)
-        except BuildFailed as exc:
-            results.append({"shape": p, "ok": False, "reason": f"build failed: {exc}"})
-            continue
-        res = tuner._job(wl, prep, budget_ms=50.0)
-        verdict = tuner._verify(wl, res, cand)
-        results.append({"shape": p, **verdict.as_dict(), "status": res.status})
+    with device_lease(spec, db):  # one process drives a device at a time
+        tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed, accuracy=acc))
+        info = tuner.info()
+        results = []
+        for p in shape_points(m, parse_dims(dims, m), {}):
+            wl = build_workload(m, p, load_user_inputs(inputs), seed=seed)
+            try:
+                prep = space_of(cand).prepare(cand, wl, info, tuner.cache_dir)
+            except BuildFailed as exc:
+                results.append({"shape": p, "ok": False, "reason": f"build failed: {exc}"})
+                continue
+            res = tuner._job(wl, prep, budget_ms=50.0)
+            verdict = tuner._verify(wl, res, cand)
+            results.append({"shape": p, **verdict.as_dict(), "status": res.status})
     return {"candidate": cand.as_dict(), "label": cand.label(), "device": spec.name, "accuracy_budget": acc.as_dict(),
             "fingerprint_key": info.fingerprint_key, "seed": seed, "seed_source": seed_source,
             "ok": all(r["ok"] for r in results), "shapes": results}

@@ -35,9 +35,11 @@ import json
 import os
 import re
 import sqlite3
+import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -886,6 +888,27 @@ class Store:
                 d = dict(zip(cols, r))
                 last = d["id"]
                 yield _record(d, checked)
+
+
+@contextmanager
+def device_lease(spec: Any, db: str | os.PathLike | None = None,
+                 on_wait: Callable[[str], None] | None = None) -> Iterator["Store"]:
+    """Drive ``spec``'s device (an inventory DeviceSpec) under its lease for the ``with`` block, in
+    ``db`` (default: $EDGETUNE_DB, else this host's database): the one-shot checks (verify, zoo
+    check, repro check, export check) measure as tune does, never while another process, on any
+    host of the lab, drives the device. ``on_wait(holder)``: once, if they must wait."""
+    from edgetune.devices.inventory import device_identity
+
+    ident = device_identity(spec)
+    if on_wait is None:  # one line on stderr, the way tune says it
+        def on_wait(holder: str) -> None:
+            print(f"{spec.name}: waiting for device {ident}, driven by {holder}", file=sys.stderr, flush=True)
+    store = Store(db)
+    try:
+        store.acquire_device(ident, None, on_wait=on_wait)
+        yield store
+    finally:
+        store.close()  # gives the lease back
 
 
 def _wait(holder: Owner | str, since: float | None, on_wait: Callable[[str], None] | None, wait_s: float | None,

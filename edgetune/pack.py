@@ -424,7 +424,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
     from edgetune.accuracy import AccuracyBudget
     from edgetune.candidate import Candidate
     from edgetune.db import Store
-    from edgetune.devices.inventory import Inventory
+    from edgetune.devices.inventory import Inventory, device_identity
     from edgetune.measure import round_ratio
     from edgetune.results import summarize_run
     from edgetune.space import space_of
@@ -471,6 +471,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
                 same = info.fingerprint_key == run["fingerprint_key"]
                 versions = _versions(info)
                 rid = "repro-" + hashlib.sha256(f"{run['run_id']}{time.time_ns()}".encode()).hexdigest()[:10]
+                store.acquire_device(device_identity(spec), rid)  # one process drives a device at a time
                 store.start_run(rid, str(path), run["model_sha256"], spec.name, info.fingerprint_key,
                                 {**info.fingerprint, "arch": info.arch}, versions,
                                 {"kind": "repro", "package_run": run["run_id"], "rounds": rounds,

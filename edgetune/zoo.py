@@ -129,7 +129,7 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
           progress: Event | None = None) -> dict[str, Any]:
     """The matrix as a JSON document (schema ``edgetune.zoo-check/1``)."""
     import models.zoo as zoo
-    from edgetune.db import Store
+    from edgetune.db import Store, device_lease
     from edgetune.devices.inventory import Inventory, home_subdir
     from edgetune.tune import DeviceTuner, TuneConfig
 
@@ -155,28 +155,29 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
     devices_doc = []
     prepared: dict[str, tuple] = {}
     for spec in specs:
-        tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed, timeout_s=timeout_s))
-        try:
-            info = tuner.info()
-            devices_doc.append({"device": spec.name, "fingerprint_key": info.fingerprint_key,
-                                "arch": info.arch, "agent": f"{info.agent} {info.agent_version}",
-                                "emulated": info.emulated, "runtimes": {k: v for k, v in info.runtimes.items()
-                                                                        if isinstance(v, str) or v is None}})
-            for n in names:
-                entry = zoo.entry(n)
-                m, wl, ref, refs64 = prepared[n] if n in prepared else _prepare(built[n], entry, size, seed)
-                prepared[n] = (m, wl, ref, refs64)  # the same inputs and references on every device
-                for column, cand, why in _runtimes(info, m, entry):
-                    if cand is not None and cand.backend == "tvm-relax" and (
-                            not tvm or (not isinstance(tvm, bool) and n not in tvm)):
-                        cand, why = None, "not asked for (--no-tvm)"
-                    emit({"event": "cell", "model": n, "device": spec.name, "runtime": column})
-                    cell = _cell(tuner, info, wl, refs64, n, size, spec.name, column, cand, why, budget_ms)
-                    cells.append(cell)
-                    emit({"event": "done", "cell": cell})
-        finally:
-            if getattr(tuner, "client", None) is not None:
-                tuner.client.close()
+        with device_lease(spec):  # one process drives a device at a time, whichever host
+            tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=(), seed=seed, timeout_s=timeout_s))
+            try:
+                info = tuner.info()
+                devices_doc.append({"device": spec.name, "fingerprint_key": info.fingerprint_key,
+                                    "arch": info.arch, "agent": f"{info.agent} {info.agent_version}",
+                                    "emulated": info.emulated, "runtimes": {k: v for k, v in info.runtimes.items()
+                                                                            if isinstance(v, str) or v is None}})
+                for n in names:
+                    entry = zoo.entry(n)
+                    m, wl, ref, refs64 = prepared[n] if n in prepared else _prepare(built[n], entry, size, seed)
+                    prepared[n] = (m, wl, ref, refs64)  # the same inputs and references on every device
+                    for column, cand, why in _runtimes(info, m, entry):
+                        if cand is not None and cand.backend == "tvm-relax" and (
+                                not tvm or (not isinstance(tvm, bool) and n not in tvm)):
+                            cand, why = None, "not asked for (--no-tvm)"
+                        emit({"event": "cell", "model": n, "device": spec.name, "runtime": column})
+                        cell = _cell(tuner, info, wl, refs64, n, size, spec.name, column, cand, why, budget_ms)
+                        cells.append(cell)
+                        emit({"event": "done", "cell": cell})
+            finally:
+                if getattr(tuner, "client", None) is not None:
+                    tuner.client.close()
     doc = {"schema": SCHEMA, "size": size, "seed": seed, "models": [
         {"name": n, "title": zoo.entry(n).title, "family": zoo.entry(n).family, "sha256": zoo.sha256(built[n]),
          "dims": zoo.entry(n).dims(size), "tflite": zoo.entry(n).tflite} for n in names],

@@ -47,55 +47,57 @@ def export_check(artifact: str, device: str = "local", *, inventory: Any = None,
                  budget_ms: float = 1000.0, fallback: bool = False, timeout_s: float = 300.0) -> dict[str, Any]:
     from edgetune.agent.host import AgentClient
     from edgetune.build.native import LOADER_CHECK, LOADER_LIB
+    from edgetune.db import device_lease
     from edgetune.devices.inventory import Inventory
 
     d, manifest, config = load_artifact(artifact)
     spec = (inventory or Inventory()).get(device)
     started = time.monotonic()
-    client = AgentClient(spec)
-    try:
-        info = client.provision()
-        fp_key = info.fingerprint_key
-        dev, level = _known(config, fp_key, {**info.fingerprint, "arch": info.arch})
-        if dev is None and not fallback:
-            have = ", ".join(f"{x['name']} ({x['fingerprint_key']})" for x in config.get("devices", [])) or "none"
-            raise UserInputError(
-                f"device '{spec.name}' (fingerprint {fp_key}: {info.fingerprint.get('cpu_model')}, {info.arch}) is not "
-                f"one this artifact was tuned on, nor the same hardware (it has: {have}); an app there would run the "
-                f"fallback configuration — check that with --fallback")
-        target = manifest["target"]
-        abi = ARCH_ABI[target].get(info.arch)
-        built = manifest["loaders"]["built"].get(abi or "")
-        if built is None:
-            why = manifest["loaders"]["not_built"].get(abi or "", "")
-            raise UserInputError(f"artifact {d} has no loader for {spec.name}'s architecture {info.arch} "
-                                 f"(target {target}, built: {', '.join(manifest['loaders']['built']) or 'none'})"
-                                 + (f": {why}" if why else ""))
-        ort_lib = client.ort_library_for(info.arch)
-        if ort_lib is None:
-            raise DeviceError(f"{spec.name}: no libonnxruntime.so for {info.arch} to run the artifact with "
-                              f"(give the device an ort_lib option)")
-        app_rel = manifest.get("app_dir", ".")
-        rdir = f"{client.workdir}/export/" + hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()[:16]
-        files = [(d / rel, f"{rdir}/app/{Path(rel).relative_to(app_rel)}", None) for rel in manifest["files"]
-                 if _under(rel, app_rel) and not rel.startswith(("jniLibs/", "lib/", "bin/", "include/", "kotlin/"))]
-        files += [(d / built["library"], f"{rdir}/lib/{LOADER_LIB}", None),
-                  (d / built["check"], f"{rdir}/bin/{LOADER_CHECK}", "755"),
-                  (Path(ort_lib), f"{rdir}/lib/libonnxruntime.so", None)]
+    with device_lease(spec):  # one process drives a device at a time, whichever host
+        client = AgentClient(spec)
         try:
-            client.push_files(files)
-            shapes = _shapes_to_check(config, dev)
-            results = []
-            for i, (shape_key, sel) in enumerate(shapes):
-                results.append(_check_shape(client, d / app_rel, rdir, i, shape_key, sel, config, manifest, dev,
-                                            level, info, iters, budget_ms, timeout_s))
-        finally:
+            info = client.provision()
+            fp_key = info.fingerprint_key
+            dev, level = _known(config, fp_key, {**info.fingerprint, "arch": info.arch})
+            if dev is None and not fallback:
+                have = ", ".join(f"{x['name']} ({x['fingerprint_key']})" for x in config.get("devices", [])) or "none"
+                raise UserInputError(
+                    f"device '{spec.name}' (fingerprint {fp_key}: {info.fingerprint.get('cpu_model')}, {info.arch}) is not "
+                    f"one this artifact was tuned on, nor the same hardware (it has: {have}); an app there would run the "
+                    f"fallback configuration — check that with --fallback")
+            target = manifest["target"]
+            abi = ARCH_ABI[target].get(info.arch)
+            built = manifest["loaders"]["built"].get(abi or "")
+            if built is None:
+                why = manifest["loaders"]["not_built"].get(abi or "", "")
+                raise UserInputError(f"artifact {d} has no loader for {spec.name}'s architecture {info.arch} "
+                                     f"(target {target}, built: {', '.join(manifest['loaders']['built']) or 'none'})"
+                                     + (f": {why}" if why else ""))
+            ort_lib = client.ort_library_for(info.arch)
+            if ort_lib is None:
+                raise DeviceError(f"{spec.name}: no libonnxruntime.so for {info.arch} to run the artifact with "
+                                  f"(give the device an ort_lib option)")
+            app_rel = manifest.get("app_dir", ".")
+            rdir = f"{client.workdir}/export/" + hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()[:16]
+            files = [(d / rel, f"{rdir}/app/{Path(rel).relative_to(app_rel)}", None) for rel in manifest["files"]
+                     if _under(rel, app_rel) and not rel.startswith(("jniLibs/", "lib/", "bin/", "include/", "kotlin/"))]
+            files += [(d / built["library"], f"{rdir}/lib/{LOADER_LIB}", None),
+                      (d / built["check"], f"{rdir}/bin/{LOADER_CHECK}", "755"),
+                      (Path(ort_lib), f"{rdir}/lib/libonnxruntime.so", None)]
             try:
-                client.transport.run(["rm", "-rf", rdir], timeout=60)
-            except DeviceError:
-                pass
-    finally:
-        client.transport.close()
+                client.push_files(files)
+                shapes = _shapes_to_check(config, dev)
+                results = []
+                for i, (shape_key, sel) in enumerate(shapes):
+                    results.append(_check_shape(client, d / app_rel, rdir, i, shape_key, sel, config, manifest, dev,
+                                                level, info, iters, budget_ms, timeout_s))
+            finally:
+                try:
+                    client.transport.run(["rm", "-rf", rdir], timeout=60)
+                except DeviceError:
+                    pass
+        finally:
+            client.transport.close()
     ok = all(r["ok"] for r in results)
     return {"schema": CHECK_SCHEMA, "artifact": str(d), "device": spec.name, "fingerprint_key": fp_key,
             "known_device": dev["name"] if dev else None, "match": level or "fallback", "abi": abi, "target": target,

@@ -8,6 +8,7 @@ Processes synchronise through pipes (ready/go lines), never through sleeps.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import sqlite3
@@ -23,6 +24,7 @@ from edgetune import db as dbmod
 from edgetune.candidate import Candidate
 from edgetune.db import SCHEMA_VERSION, Owner, Store
 from tests.fixtures.leases import hold_device
+from tests.fixtures.tiny import build_tiny
 from edgetune.devices.inventory import Inventory
 from edgetune.errors import DeviceUnreachable, StoreError
 from edgetune.results import summarize_run
@@ -521,3 +523,37 @@ def test_shape_points_are_claimed_once_and_a_gone_claimers_point_is_claimed_agai
     finally:
         a.close()
         b.close()
+
+
+def test_verify_waits_for_a_device_another_process_drives(tmp_path, monkeypatch):
+    """The one-shot checks take the device's lease like tune: `edgetune verify` on a device another
+    process drives says so on stderr and waits; it measures once the lease is given back."""
+    from edgetune.devices.inventory import DeviceSpec, device_identity
+
+    home = tmp_path / "home"
+    model = build_tiny(tmp_path / "tiny.onnx")
+    p = subprocess.run(EDGETUNE + ["tune", str(model), "--budget", "3", "--rounds", "1", "--finalists", "1",
+                                   "--max-candidates", "1", "--space", "ort", "--format", "json"],
+                       env=_env(home), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    key = json.loads(p.stdout)["runs"][0]["shapes"][0]["best"]
+    ctx = multiprocessing.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    monkeypatch.setenv("EDGETUNE_HOME", str(home))  # (the spawned holder opens the same default database)
+    try:
+        other = ctx.Process(target=hold_device, args=(None, device_identity(DeviceSpec("local", "local")), ready,
+                                                      done))
+        other.start()
+        assert ready.wait(60)
+        v = subprocess.Popen(EDGETUNE + ["verify", str(model), "--config", key[:12], "--format", "json"], env=_env(home),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(4)
+        assert v.poll() is None  # waiting, not measuring beside the other process
+        done.set()
+        other.join(60)
+        out, err = v.communicate(timeout=120)
+        assert v.returncode == 0, err
+        assert "local: waiting for device local@" in err and ", driven by pid" in err
+        assert json.loads(out)["ok"] is True
+    finally:
+        done.set()

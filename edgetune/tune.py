@@ -32,6 +32,7 @@ from edgetune.devices.inventory import DeviceSpec, Inventory, device_identity, e
 from edgetune.errors import AuthError, DeviceError, EdgetuneError, HostKeyMismatch, StoreError, UserInputError
 from edgetune.hostwork import HostWork
 from edgetune.kernels.device_measure import device_peaks
+from edgetune.kernels.targets import gpu_peak_gflops
 from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
@@ -213,10 +214,13 @@ class DeviceTuner:
         if self._peak is None:  # once per device: a roofline needs the device's clock and ISA
             self._peak = device_peaks(self.client, info)
         int8 = bool(cand and cand.param_dict.get("precision") == "int8")  # its roofline: the int8 peak
-        # the roofline is the CPU's: a candidate on a GPU provider has none here (no stated GPU peak yet)
-        on_gpu = bool(cand and cand.param_dict.get("execution_provider") in GPU_PROVIDERS)
+        peak = self._peak[1 if int8 else 0]
+        if cand and cand.param_dict.get("execution_provider") in GPU_PROVIDERS:
+            # a GPU candidate's roofline is its GPU's (stated tensor-core peak of its SM), not the CPU's
+            sms = [g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict)]
+            peak = max((p for p in map(gpu_peak_gflops, sms) if p), default=None)
         return verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
-                          flops=wl.flops(), peak_gflops=None if on_gpu else self._peak[1 if int8 else 0],
+                          flops=wl.flops(), peak_gflops=peak,
                           timings_trusted=not info.emulated,
                           approximate=bool(cand and cand.approximate), budget=self.cfg.accuracy)
 

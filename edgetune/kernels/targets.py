@@ -46,6 +46,7 @@ class KernelTarget:
     runtimes: tuple[str, ...] = ()
     fma_lanes_per_cycle: int | None = None  # fp32 lanes of FMA retired per cycle per core
     fp32_gflops: float | None = None  # stated peak (GPUs)
+    tensor_gflops: float | None = None  # stated dense fp16/bf16 tensor-core peak (GPUs): their fastest
     peak_notes: str = ""
     cores: int | None = None
     max_freq_ghz: float | None = None
@@ -82,6 +83,18 @@ class KernelTarget:
         return replace(self, tvm_target=tt)
 
 
+def gpu_peak_gflops(sm: str | None) -> float | None:
+    """The fastest a GPU of SM version ``sm`` ("sm_90") can compute, of the targets that name it:
+    the stated dense tensor-core peak, else the fp32 peak; None for an SM no target states. The
+    roofline of an onnxruntime GPU candidate, whatever precision its kernels pick: an impossible
+    timing must be impossible, not merely unusual."""
+    if not sm:
+        return None
+    peaks = [t.tensor_gflops or t.fp32_gflops for t in map(load_target, list_targets())
+             if t.is_gpu and sm in t.features and (t.tensor_gflops or t.fp32_gflops)]
+    return max(peaks) if peaks else None
+
+
 def list_targets(directory: Path | None = None) -> list[str]:
     return sorted(p.stem for p in (directory or TARGETS_DIR).glob("*.toml"))
 
@@ -105,7 +118,7 @@ def load_target(name_or_path: str | Path, directory: Path | None = None) -> Kern
         name=data["name"], arch=data["arch"], triple=data["triple"], tvm_target=tvm_target,
         cross_cc=data.get("cross_cc") or None, features=tuple(data.get("features", ())),
         runtimes=tuple(data.get("runtimes", ())), fma_lanes_per_cycle=peak.get("fma_lanes_per_cycle"),
-        fp32_gflops=peak.get("fp32_gflops"), peak_notes=peak.get("notes", ""),
+        fp32_gflops=peak.get("fp32_gflops"), tensor_gflops=peak.get("tensor_gflops"), peak_notes=peak.get("notes", ""),
         cores=tvm_target.get("num-cores"), source=str(path),
     )
 

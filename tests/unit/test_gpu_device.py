@@ -230,3 +230,13 @@ def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_v
     assert len(dev) == 8 + 1 and all("| NO |" in v and "load failed" in v for v in dev)
     host = [v for k, v in rows.items() if "ep=CUDA" in k and "io_binding=host" in k]
     assert host and all("fell back: 0 of" in v for v in host)
+
+
+def test_a_gpu_candidates_roofline_is_its_gpus_tensor_core_peak():
+    """GPU candidates are not held to the CPU's roofline (they would all look impossible) but to
+    the stated dense tensor-core peak of the SM the device reports: the fastest any precision its
+    kernels pick can go. An SM no target states has no roofline, rather than a wrong one."""
+    from edgetune.kernels.targets import gpu_peak_gflops
+
+    assert gpu_peak_gflops("sm_90") == 989_400.0 and gpu_peak_gflops("sm_80") == 312_000.0
+    assert gpu_peak_gflops("sm_75") is None and gpu_peak_gflops(None) is None

@@ -10,7 +10,7 @@ Steps per job, as the agent does them: load; poison outputs with NaN; run every 
 and save the outputs; run the timing set again (determinism); warm up; time
 ``clamp(budget/estimate, min_iters, max_iters)`` iterations one by one on the device's clock (TVM's
 time_evaluator: CUDA events on a GPU), caches flushed before each (``cache_flush_bytes``); check the
-inputs were not modified.
+inputs were not modified; run the ``post_timing_sets`` through the timed buffers, outputs poisoned.
 """
 
 from __future__ import annotations
@@ -111,6 +111,22 @@ def run_job(jobdir: Path) -> dict:
     if result["input_sha256_after"] != result["input_sha256_before"]:
         result["status"] = "error"
         result["reason"] = "kernel modified its inputs"
+    # new inputs through the very buffers the kernel was timed on, outputs poisoned: the host verifies
+    # these, so a kernel that stops computing once it has been timed is caught
+    result["post_timing_outputs"] = []
+    for i, paths in enumerate(req.get("post_timing_sets", [])):
+        for buf, path in zip(args, paths):
+            buf.copyfrom(np.ascontiguousarray(np.load(_resolve(jobdir, path))))
+        for o, spec in zip(outs, out_specs):
+            o.copyfrom(np.full(spec["shape"], np.nan, spec["dtype"]))
+        func(*args, *outs)
+        dev.sync()
+        names = []
+        for k, o in enumerate(outs):
+            name = f"post_{i}_{k}.npy"
+            np.save(jobdir / name, o.numpy())
+            names.append(name)
+        result["post_timing_outputs"].append(names)
     result["runtime_versions"] = {"tvm": getattr(tvm, "__version__", "?")}
     return result
 

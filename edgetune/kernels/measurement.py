@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -49,6 +50,8 @@ class KernelRun:
     repeat_outputs: list[np.ndarray] = field(default_factory=list)
     load_ms: float | None = None
     job: JobResult | None = field(default=None, repr=False)  # the agent's full result (protocol 2)
+    # the legacy CUDA worker: (inputs, outputs) of new input sets run after timing through the timed buffers
+    post_checks: list[tuple[list[np.ndarray], list[np.ndarray]]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.status not in RUN_STATUSES:
@@ -69,13 +72,29 @@ def verify_run(run: KernelRun, workload: KernelWorkload, inputs: Sequence[np.nda
             code = "out-of-bounds-write"
         return Verdict.failed(f"{run.status}: {run.reason}", code)
     job = run.job
-    if job is None:  # the legacy CUDA worker: one set, repeat, no timed outputs
-        job = JobResult("ok", samples_ns=list(run.samples_ns), outputs=[list(run.outputs)],
+    sets, refs = [list(inputs)], [list(reference)]
+    if job is None:  # the legacy CUDA worker: one set and a repeat, then new sets through the timed buffers
+        sets += [list(x) for x, _ in run.post_checks]
+        refs += [list(workload.reference(x)) for x, _ in run.post_checks]
+        job = JobResult("ok", samples_ns=list(run.samples_ns),
+                        outputs=[list(run.outputs), *[list(o) for _, o in run.post_checks]],
                         repeat_outputs=list(run.repeat_outputs),
-                        input_sha256_after_sets=[[array_sha256(x) for x in inputs]])
-    return verify_job(job, [list(inputs)], [list(reference)], workload.reference, [s.name for s in workload.outputs],
+                        input_sha256_after_sets=[[array_sha256(x) for x in s] for s in sets])
+    return verify_job(job, sets, refs, workload.reference, [s.name for s in workload.outputs],
                       flops=float(workload.flops()), peak_gflops=peak_gflops, timings_trusted=timings_trusted,
                       output_dtypes=[s.dtype for s in workload.outputs], require_timed=run.job is not None)
+
+
+def _fresh_like(inputs: Sequence[np.ndarray], seed: int) -> list[np.ndarray]:
+    """New inputs of the same shapes and dtypes: normal floats, small non-negative integers."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for x in inputs:
+        if np.issubdtype(x.dtype, np.floating):
+            out.append(rng.standard_normal(x.shape).astype(x.dtype))
+        else:
+            out.append(rng.integers(0, max(2, int(np.max(x)) + 1 if x.size else 2), size=x.shape).astype(x.dtype))
+    return out
 
 
 def _package_root() -> str:
@@ -87,8 +106,10 @@ class CudaLocalMeasure:
 
     CPU kernels are measured by the native agent (``edgetune.kernels.device_measure.LocalMeasure``),
     which follows the whole protocol. This worker predates protocol 2: it returns one input set's
-    outputs and times iterations that are NOT verified; its results say so (``verify_run``). The GPU
-    path is to move onto an agent (the GPU-devices issue).
+    outputs, times iterations whose outputs are not returned, then runs ``post_checks`` new input
+    sets (chosen here) through the buffers it timed, outputs poisoned, and returns those: a kernel
+    that stops computing once timed is caught (``verify_run``). The GPU path is to move onto an
+    agent (the GPU-devices issue).
 
     The child stays up between kernels (TVM import costs ~1 s) and is restarted after a crash or
     a timeout. Timing follows the agent protocol: warm-up discarded, then
@@ -107,6 +128,7 @@ class CudaLocalMeasure:
         timeout_s: float = 60.0,
         python: str | None = None,
         cache_flush_bytes: int | None = None,
+        post_checks: int = 2,
     ) -> None:
         self.device = device
         self.num_threads = num_threads
@@ -117,6 +139,7 @@ class CudaLocalMeasure:
         # written before each timed run: larger than any GPU's L2 (H200: 60 MB), so no run is timed warm
         self.cache_flush_bytes = int(cache_flush_bytes if cache_flush_bytes is not None
                                      else (256 << 20 if device != "cpu" else 0))
+        self.post_checks = int(post_checks)  # new input sets run after timing, through the timing buffers
         self._root = Path(tempfile.mkdtemp(prefix="edgetune-localmeasure-"))
         self._proc: subprocess.Popen | None = None
         self._stderr_path = self._root / "worker.stderr"
@@ -213,16 +236,21 @@ class CudaLocalMeasure:
         jobdir = self._root / f"job{self.jobs}"
         jobdir.mkdir()
         try:
-            names = []
-            for k, x in enumerate(inputs):
-                np.save(jobdir / f"in_0_{k}.npy", np.ascontiguousarray(x))
-                names.append(f"in_0_{k}.npy")
+            # after the timed runs, new inputs the kernel has never seen go through the very buffers it was
+            # timed on (the host chose them; a kernel that returns what it computed before is caught)
+            fresh = [_fresh_like(inputs, secrets.randbits(52)) for _ in range(self.post_checks)]
+            sets = []
+            for i, s in enumerate([inputs, *fresh]):
+                sets.append([f"in_{i}_{k}.npy" for k in range(len(s))])
+                for k, x in enumerate(s):
+                    np.save(jobdir / sets[i][k], np.ascontiguousarray(x))
             artifact = Path(artifact_path).resolve()
             request = {
                 "protocol": 1, "backend": "tvm-kernel", "artifact": str(artifact),
                 "artifact_sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(),
                 "params": {"device": self.device},
-                "input_names": [f"arg{k}" for k in range(len(inputs))], "inputs": [names],
+                "input_names": [f"arg{k}" for k in range(len(inputs))], "inputs": sets[:1],
+                "post_timing_sets": sets[1:],
                 "outputs": [
                     {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in output_specs
                 ],
@@ -252,7 +280,12 @@ class CudaLocalMeasure:
                 return KernelRun("error", str(result.get("reason", "unknown error")))
             outputs = [np.load(jobdir / n) for n in result["outputs"][0]]
             repeats = [np.load(jobdir / n) for n in result.get("repeat_outputs", [])]
-            return KernelRun("ok", "", [int(s) for s in result["samples_ns"]], outputs, repeats, result.get("load_ms"))
+            post = result.get("post_timing_outputs") or []
+            if len(post) != len(fresh):
+                return KernelRun("error", f"the worker returned {len(post)} post-timing checks of {len(fresh)}")
+            checks = [(f, [np.load(jobdir / n) for n in names]) for f, names in zip(fresh, post)]
+            return KernelRun("ok", "", [int(s) for s in result["samples_ns"]], outputs, repeats, result.get("load_ms"),
+                             post_checks=checks)
         finally:
             shutil.rmtree(jobdir, ignore_errors=True)
 

@@ -181,7 +181,9 @@ def test_the_kernel_worker_times_on_the_device_clock_with_caches_flushed(tmp_pat
 
     require_module("tvm")
     from edgetune.build.tvm_kernel import as_tvm_target, compile_module, default_schedule, export_module
-    from edgetune.kernels.measurement import CudaLocalMeasure
+    from dataclasses import replace
+
+    from edgetune.kernels.measurement import CudaLocalMeasure, verify_run
     from edgetune.kernels.targets import host_target
     from edgetune.kernels.workloads import parse_workload
 
@@ -196,6 +198,16 @@ def test_the_kernel_worker_times_on_the_device_clock_with_caches_flushed(tmp_pat
     assert run.status == "ok", run.reason
     assert len(run.samples_ns) >= 5 and all(s > 0 for s in run.samples_ns)
     np.testing.assert_allclose(run.outputs[0], wl.reference(inputs)[0], rtol=1e-4, atol=1e-4)
+    # after timing, two new input sets went through the timed buffers; the host verifies them all
+    assert len(run.post_checks) == 2
+    for x, outs in run.post_checks:
+        assert not np.array_equal(x[0], inputs[0])
+        np.testing.assert_allclose(outs[0], wl.reference(x)[0], rtol=1e-4, atol=1e-4)
+    assert verify_run(run, wl, inputs, wl.reference(inputs)).ok
+    # a kernel that stops computing once timed: its post-timing outputs are the first set's, caught
+    stale = replace(run, post_checks=[(x, list(run.outputs)) for x, _ in run.post_checks])
+    v = verify_run(stale, wl, inputs, wl.reference(inputs))
+    assert not v.ok and v.code == "insensitive", v.reason
 
 
 def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_verifies_here(tmp_path):

@@ -445,6 +445,7 @@ class DeviceTuner:
                 if not waited:  # the holder waits for its joiners (a dead one's point is claimed again)
                     waited = True
                     self.progress({"event": "wait", "device": self.spec.name, "run_id": run_id, "holder": "",
+                                   "joiners": True,
                                    "message": f"run {run_id}: waiting for {busy} shape point(s) measured by "
                                               f"other processes (a dead one's is claimed again when its lease runs out)"})
                 time.sleep(WAIT_POLL_S)

@@ -120,6 +120,8 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                                   highlight=False, soft_wrap=True)
         elif ev["event"] in ("retry", "down"):
             err_console.print(plain(f"{d}: {ev['event']}: {ev.get('error')}", style="yellow"), highlight=False)
+        elif ev["event"] == "wait" and ev.get("joiners"):  # this run's other points, measured by joiners
+            err_console.print(plain(f"{d}: {ev['message']}", style="yellow"), highlight=False)
         elif ev["event"] == "wait":  # an identical run holds this device's run: wait, then resume it
             err_console.print(plain(f"{d}: {ev['message']} (an identical tune is measuring this device; "
                                     f"this one resumes it when it ends)", style="yellow"), highlight=False)

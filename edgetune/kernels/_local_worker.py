@@ -62,27 +62,23 @@ def run_job(jobdir: Path) -> dict:
     def fresh_outputs():
         return [tvm.runtime.tensor(np.full(o["shape"], np.nan, o["dtype"]), dev) for o in out_specs]
 
-    dev_inputs = [[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in s] for s in input_sets]
-    for i, args in enumerate(dev_inputs):
-        outs = fresh_outputs()
+    def run_and_save(args, outs, prefix: str) -> list[str]:
+        """One run into ``outs`` (poisoned by the caller), its outputs saved as PREFIX_K.npy."""
         func(*args, *outs)
         dev.sync()
-        names = []
-        for k, o in enumerate(outs):
-            name = f"out_{i}_{k}.npy"
+        names = [f"{prefix}_{k}.npy" for k in range(len(outs))]
+        for name, o in zip(names, outs):
             np.save(jobdir / name, o.numpy())
-            names.append(name)
-        result["outputs"].append(names)
+        return names
+
+    dev_inputs = [[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in s] for s in input_sets]
+    for i, args in enumerate(dev_inputs):
+        result["outputs"].append(run_and_save(args, fresh_outputs(), f"out_{i}"))
 
     ts = int(req.get("timing_set", 0))
     args = dev_inputs[ts]
     outs = fresh_outputs()
-    func(*args, *outs)
-    dev.sync()
-    for k, o in enumerate(outs):
-        name = f"rep_{k}.npy"
-        np.save(jobdir / name, o.numpy())
-        result["repeat_outputs"].append(name)
+    result["repeat_outputs"] = run_and_save(args, outs, "rep")
 
     warmup_ns = float(req.get("warmup_ms", 10.0)) * 1e6
     start = time.perf_counter_ns()
@@ -119,14 +115,7 @@ def run_job(jobdir: Path) -> dict:
             buf.copyfrom(np.ascontiguousarray(np.load(_resolve(jobdir, path))))
         for o, spec in zip(outs, out_specs):
             o.copyfrom(np.full(spec["shape"], np.nan, spec["dtype"]))
-        func(*args, *outs)
-        dev.sync()
-        names = []
-        for k, o in enumerate(outs):
-            name = f"post_{i}_{k}.npy"
-            np.save(jobdir / name, o.numpy())
-            names.append(name)
-        result["post_timing_outputs"].append(names)
+        result["post_timing_outputs"].append(run_and_save(args, outs, f"post_{i}"))
     result["runtime_versions"] = {"tvm": getattr(tvm, "__version__", "?")}
     return result
 

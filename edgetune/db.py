@@ -460,6 +460,16 @@ class Store:
     def tx(self):
         return Store._Tx(self)
 
+    @contextmanager
+    def _write(self) -> Iterator[_Conn]:
+        """A write transaction whose database errors are one StoreError line (edgetune's own
+        errors raised inside, LeaseLost among them, pass as they are)."""
+        try:
+            with self.tx() as c:
+                yield c
+        except self._errors as exc:
+            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+
     def _query(self, sql: str, args: tuple | list = ()) -> tuple[list[str], list[tuple]]:
         with self._lock:
             try:
@@ -532,26 +542,23 @@ class Store:
         the holder lives)."""
         waited_since: float | None = None
         while True:
-            try:
-                with self.tx() as c:
-                    row = c.execute("SELECT owner, lease_until FROM runs WHERE id=?" + self._for_update,
-                                    (run_id,)).fetchone()
-                    holder = self._holder(*row) if row else None
-                    lease = time.time() + LEASE_S
-                    if row is None:
-                        cur = c.execute("INSERT INTO runs (id, created, status, model_path, model_sha256, device,"
-                                        " fingerprint_key, fingerprint, versions, config, owner, lease_until)"
-                                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
-                                        (run_id, time.time(), "running", model_path, model_sha, device, fp_key,
-                                         json.dumps(fingerprint, sort_keys=True), json.dumps(versions, sort_keys=True),
-                                         json.dumps(config, sort_keys=True), str(self.owner), lease))
-                        if cur.rowcount == 0:  # another host created it a moment ago: look again
-                            continue
-                    elif holder is None or holder is self.owner:
-                        c.execute("UPDATE runs SET status='running', finished=NULL, owner=?, lease_until=?"
-                                  " WHERE id=?", (str(self.owner), lease, run_id))
-            except self._errors as exc:
-                raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+            with self._write() as c:
+                row = c.execute("SELECT owner, lease_until FROM runs WHERE id=?" + self._for_update,
+                                (run_id,)).fetchone()
+                holder = self._holder(*row) if row else None
+                lease = time.time() + LEASE_S
+                if row is None:
+                    cur = c.execute("INSERT INTO runs (id, created, status, model_path, model_sha256, device,"
+                                    " fingerprint_key, fingerprint, versions, config, owner, lease_until)"
+                                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
+                                    (run_id, time.time(), "running", model_path, model_sha, device, fp_key,
+                                     json.dumps(fingerprint, sort_keys=True), json.dumps(versions, sort_keys=True),
+                                     json.dumps(config, sort_keys=True), str(self.owner), lease))
+                    if cur.rowcount == 0:  # another host created it a moment ago: look again
+                        continue
+                elif holder is None or holder is self.owner:
+                    c.execute("UPDATE runs SET status='running', finished=NULL, owner=?, lease_until=?"
+                              " WHERE id=?", (str(self.owner), lease, run_id))
             if holder is None or holder is self.owner:
                 self._held.add(run_id)
                 self._start_heartbeat()
@@ -582,42 +589,36 @@ class Store:
         """Give a held run back with its final status: complete, down (the device went away),
         failed: <error> (the tune ended on an error), interrupted. Raises LeaseLost when another
         process took it over meanwhile (its status is then theirs to set)."""
-        try:
-            with self.tx() as c:
-                cur = c.execute("UPDATE runs SET status=?, finished=?, summary=?, owner=NULL, lease_until=NULL"
-                                " WHERE id=? AND owner=?",
-                                (status, time.time(), json.dumps(summary, sort_keys=True) if summary is not None
-                                 else None, run_id, str(self.owner)))
-                if cur.rowcount == 0:
-                    row = c.execute("SELECT owner FROM runs WHERE id=?", (run_id,)).fetchone()
-                    if row is None:
-                        raise StoreError(f"no run '{run_id}' in {self.path}")
-                    if run_id in self._held:
-                        self._held.discard(run_id)
-                        raise LeaseLost(f"run {run_id} was taken over by {_describe(row[0])} while this process "
-                                        f"held it (its lease ran out)")
-                    raise StoreError(f"run {run_id} is not held by this process; it cannot end it")
-        except self._errors as exc:  # still held: close() gives it back, or its lease runs out
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        with self._write() as c:  # on a database error it stays held: close() gives it back, or its lease runs out
+            cur = c.execute("UPDATE runs SET status=?, finished=?, summary=?, owner=NULL, lease_until=NULL"
+                            " WHERE id=? AND owner=?",
+                            (status, time.time(), json.dumps(summary, sort_keys=True) if summary is not None
+                             else None, run_id, str(self.owner)))
+            if cur.rowcount == 0:
+                row = c.execute("SELECT owner FROM runs WHERE id=?", (run_id,)).fetchone()
+                if row is None:
+                    raise StoreError(f"no run '{run_id}' in {self.path}")
+                if run_id in self._held:
+                    self._held.discard(run_id)
+                    raise LeaseLost(f"run {run_id} was taken over by {_describe(row[0])} while this process "
+                                    f"held it (its lease ran out)")
+                raise StoreError(f"run {run_id} is not held by this process; it cannot end it")
         self._held.discard(run_id)
 
     def take_run(self, run_id: str) -> bool:
         """Take a run up if nobody holds it now (its holder released it, died, or let its lease run
-        out); False when a live process (or this Store already) holds it, or it is complete. For joining a run: a joiner that finds the run free
-        resumes it and ends it."""
-        try:
-            with self.tx() as c:
-                row = c.execute("SELECT owner, lease_until, status FROM runs WHERE id=?" + self._for_update,
-                                (run_id,)).fetchone()
-                if row is None:
-                    raise StoreError(f"no run '{run_id}' in {self.path}")
-                holder = self._holder(row[0], row[1])
-                if row[2] == "complete" or (holder is not None and (holder is not self.owner or run_id in self._held)):
-                    return False  # ended, held elsewhere, or by another device's thread of this Store
-                c.execute("UPDATE runs SET status='running', finished=NULL, owner=?, lease_until=? WHERE id=?",
-                          (str(self.owner), time.time() + LEASE_S, run_id))
-        except self._errors as exc:
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        out); False when a live process (or this Store already) holds it, or it is complete. For
+        joining a run: a joiner that finds the run free resumes it and ends it."""
+        with self._write() as c:
+            row = c.execute("SELECT owner, lease_until, status FROM runs WHERE id=?" + self._for_update,
+                            (run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no run '{run_id}' in {self.path}")
+            holder = self._holder(row[0], row[1])
+            if row[2] == "complete" or (holder is not None and (holder is not self.owner or run_id in self._held)):
+                return False  # ended, held elsewhere, or by another device's thread of this Store
+            c.execute("UPDATE runs SET status='running', finished=NULL, owner=?, lease_until=? WHERE id=?",
+                      (str(self.owner), time.time() + LEASE_S, run_id))
         self._held.add(run_id)
         self._start_heartbeat()
         return True
@@ -626,43 +627,38 @@ class Store:
     def plan_shapes(self, run_id: str, shape_keys: list[str]) -> None:
         """Lay out a run's shape points as claimable units of work (what is already there stays):
         the hosts that run or join the run each claim one at a time (``claim_shape``)."""
-        try:
-            with self.tx() as c:
-                for i, key in enumerate(shape_keys):
-                    c.execute("INSERT INTO run_shapes (run_id, shape_key, idx, status) VALUES (?,?,?,'pending')"
-                              " ON CONFLICT (run_id, shape_key) DO NOTHING", (run_id, key, i))
-        except self._errors as exc:
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        with self._write() as c:
+            for i, key in enumerate(shape_keys):
+                c.execute("INSERT INTO run_shapes (run_id, shape_key, idx, status) VALUES (?,?,?,'pending')"
+                          " ON CONFLICT (run_id, shape_key) DO NOTHING", (run_id, key, i))
 
     def claim_shape(self, run_id: str, device: str) -> tuple[str | None, int]:
         """Claim the run's next pending shape point for this Store, to be measured on ``device``:
         one nobody measures now, or one whose measurer is gone (it is resumed: what it recorded is
         skipped). Returns (its shape key, or None and how many pending points are being measured,
-        by other processes or other devices of this Store). PostgreSQL passes over the rows another host is claiming at this instant
-        (SKIP LOCKED); SQLite's write lock serializes claims. A point is measured by one process on
-        one device, its baselines included, so the comparisons within it are fair."""
-        try:
-            with self.tx() as c:
-                rows = c.execute("SELECT shape_key, owner, lease_until, device FROM run_shapes WHERE run_id=? AND"
-                                 " status='pending' ORDER BY idx" + self._skip_locked, (run_id,)).fetchall()
-                busy = 0
-                for key, owner, until, was in rows:
-                    holder = self._holder(owner, until)
-                    # this Store's own claim stays with the device measuring it (a tune's devices share a Store)
-                    if holder is None or (holder is self.owner and (run_id, key) not in self._shapes):
-                        # a point resumed on another device than the one that began it says so: "a,b"
-                        on = device if not was or was.split(",")[-1] == device else f"{was},{device}"
-                        c.execute("UPDATE run_shapes SET owner=?, lease_until=?, device=? WHERE run_id=? AND"
-                                  " shape_key=?", (str(self.owner), time.time() + LEASE_S, on, run_id, key))
-                        break
-                    busy += 1
-                else:
-                    key = None
-                    if self.pg:  # rows being claimed this instant were passed over: count them as busy
-                        busy = c.execute("SELECT COUNT(*) FROM run_shapes WHERE run_id=? AND status='pending'",
-                                         (run_id,)).fetchone()[0]
-        except self._errors as exc:
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        by other processes or other devices of this Store). PostgreSQL passes over the rows another
+        host is claiming at this instant (SKIP LOCKED); SQLite's write lock serializes claims. A
+        point is measured by one process on one device, its baselines included, so the comparisons
+        within it are fair."""
+        with self._write() as c:
+            rows = c.execute("SELECT shape_key, owner, lease_until, device FROM run_shapes WHERE run_id=? AND"
+                             " status='pending' ORDER BY idx" + self._skip_locked, (run_id,)).fetchall()
+            busy = 0
+            for key, owner, until, was in rows:
+                holder = self._holder(owner, until)
+                # this Store's own claim stays with the device measuring it (a tune's devices share a Store)
+                if holder is None or (holder is self.owner and (run_id, key) not in self._shapes):
+                    # a point resumed on another device than the one that began it says so: "a,b"
+                    on = device if not was or was.split(",")[-1] == device else f"{was},{device}"
+                    c.execute("UPDATE run_shapes SET owner=?, lease_until=?, device=? WHERE run_id=? AND"
+                              " shape_key=?", (str(self.owner), time.time() + LEASE_S, on, run_id, key))
+                    break
+                busy += 1
+            else:
+                key = None
+                if self.pg:  # rows being claimed this instant were passed over: count them as busy
+                    busy = c.execute("SELECT COUNT(*) FROM run_shapes WHERE run_id=? AND status='pending'",
+                                     (run_id,)).fetchone()[0]
         if key is not None:
             self._shapes.add((run_id, key))
             self._start_heartbeat()
@@ -670,26 +666,20 @@ class Store:
 
     def finish_shape(self, run_id: str, shape_key: str) -> None:
         """Mark a claimed shape point measured. LeaseLost when another process took it over."""
-        try:
-            with self.tx() as c:
-                cur = c.execute("UPDATE run_shapes SET status='done', owner=NULL, lease_until=NULL WHERE run_id=?"
-                                " AND shape_key=? AND owner=?", (run_id, shape_key, str(self.owner)))
-                if cur.rowcount == 0:
-                    self._shapes.discard((run_id, shape_key))
-                    raise LeaseLost(f"run {run_id}: shape point {shape_key} was taken over while this process "
-                                    f"measured it (its lease ran out)")
-        except self._errors as exc:
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        with self._write() as c:
+            cur = c.execute("UPDATE run_shapes SET status='done', owner=NULL, lease_until=NULL WHERE run_id=?"
+                            " AND shape_key=? AND owner=?", (run_id, shape_key, str(self.owner)))
+            if cur.rowcount == 0:
+                self._shapes.discard((run_id, shape_key))
+                raise LeaseLost(f"run {run_id}: shape point {shape_key} was taken over while this process "
+                                f"measured it (its lease ran out)")
         self._shapes.discard((run_id, shape_key))
 
     def release_shape(self, run_id: str, shape_key: str) -> None:
         """Give a claimed shape point back unmeasured (it stays pending for whoever claims it next)."""
-        try:
-            with self.tx() as c:
-                c.execute("UPDATE run_shapes SET owner=NULL, lease_until=NULL WHERE run_id=? AND shape_key=?"
-                          " AND owner=?", (run_id, shape_key, str(self.owner)))
-        except self._errors as exc:
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        with self._write() as c:
+            c.execute("UPDATE run_shapes SET owner=NULL, lease_until=NULL WHERE run_id=? AND shape_key=?"
+                      " AND owner=?", (run_id, shape_key, str(self.owner)))
         self._shapes.discard((run_id, shape_key))
 
     def shapes(self, run_id: str) -> list[dict[str, Any]]:
@@ -717,22 +707,19 @@ class Store:
         is gone is taken over at once."""
         waited_since: float | None = None
         while True:
-            try:
-                with self.tx() as c:
-                    row = c.execute("SELECT owner, lease_until FROM device_leases WHERE device=?" + self._for_update,
-                                    (device,)).fetchone()
-                    holder = self._holder(*row) if row else None
-                    if isinstance(holder, Owner) and holder is not self.owner and holder.same_process(self.owner):
-                        # this process drives it already, through another Store (a tune's hybrid tunes its
-                        # kernels in a session of its own): the device is ours; its lease stays with that Store
-                        return
-                    if holder is None or holder is self.owner:
-                        c.execute("INSERT INTO device_leases (device, owner, lease_until, since, run_id)"
-                                  " VALUES (?,?,?,?,?) ON CONFLICT (device) DO UPDATE SET owner=excluded.owner,"
-                                  " lease_until=excluded.lease_until, since=excluded.since, run_id=excluded.run_id",
-                                  (device, str(self.owner), time.time() + LEASE_S, time.time(), run_id))
-            except self._errors as exc:
-                raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+            with self._write() as c:
+                row = c.execute("SELECT owner, lease_until FROM device_leases WHERE device=?" + self._for_update,
+                                (device,)).fetchone()
+                holder = self._holder(*row) if row else None
+                if isinstance(holder, Owner) and holder is not self.owner and holder.same_process(self.owner):
+                    # this process drives it already, through another Store (a tune's hybrid tunes its
+                    # kernels in a session of its own): the device is ours; its lease stays with that Store
+                    return
+                if holder is None or holder is self.owner:
+                    c.execute("INSERT INTO device_leases (device, owner, lease_until, since, run_id)"
+                              " VALUES (?,?,?,?,?) ON CONFLICT (device) DO UPDATE SET owner=excluded.owner,"
+                              " lease_until=excluded.lease_until, since=excluded.since, run_id=excluded.run_id",
+                              (device, str(self.owner), time.time() + LEASE_S, time.time(), run_id))
             if holder is None or holder is self.owner:
                 self._devices.add(device)
                 self._start_heartbeat()
@@ -741,12 +728,9 @@ class Store:
 
     def release_device(self, device: str) -> None:
         """Give a device's lease back (a no-op when this Store does not hold it)."""
-        try:
-            with self.tx() as c:
-                c.execute("UPDATE device_leases SET owner=NULL, lease_until=NULL, run_id=NULL WHERE device=? AND owner=?",
-                          (device, str(self.owner)))
-        except self._errors as exc:
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        with self._write() as c:
+            c.execute("UPDATE device_leases SET owner=NULL, lease_until=NULL, run_id=NULL WHERE device=? AND owner=?",
+                      (device, str(self.owner)))
         self._devices.discard(device)
 
     def device_holders(self) -> dict[str, dict[str, Any]]:
@@ -779,36 +763,33 @@ class Store:
         shape, candidate, round) is kept and its id returned (records are append-only). Refused
         (LeaseLost) when another process holds the run now."""
         blob = np.asarray(samples_ns, dtype="<i8").tobytes()
-        try:
-            with self.tx() as c:
-                # the writer must hold the shape point it measures (a run's planned points), else the run
-                row = c.execute("SELECT owner FROM run_shapes WHERE run_id=? AND shape_key=?" + self._for_share,
-                                (run_id, shape_key)).fetchone()
-                if row is not None:
-                    if row[0] != str(self.owner):
-                        raise LeaseLost(f"run {run_id}: shape point {shape_key} is "
-                                        f"{'held by ' + _describe(row[0]) if row[0] else 'not held by this process'}"
-                                        f" now; this process lost its lease and stops writing to it")
-                else:
-                    row = c.execute("SELECT owner FROM runs WHERE id=?" + self._for_share, (run_id,)).fetchone()
-                    if row is not None and row[0] is not None and row[0] != str(self.owner):
-                        raise LeaseLost(f"run {run_id} is held by {_describe(row[0])} now; this process lost its "
-                                        f"lease and stops writing to it")
-                cur = c.execute(
-                    "INSERT INTO records (run_id, workload_key, shape, shape_key, fingerprint_key, candidate_key,"
-                    " candidate, versions, round, status, reason, verdict, samples, wall_ms, agent_ms, created)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT (run_id, shape_key, candidate_key, round) DO NOTHING RETURNING id",
-                    (run_id, workload_key, json.dumps(shape, sort_keys=True), shape_key, fingerprint_key,
-                     candidate["key"], json.dumps(candidate, sort_keys=True), json.dumps(versions, sort_keys=True),
-                     round, status, reason, json.dumps(verdict, sort_keys=True), blob, wall_ms, agent_ms, time.time()))
-                new = cur.fetchone()
-                if new is not None:
-                    return int(new[0])
-                return int(c.execute("SELECT id FROM records WHERE run_id=? AND shape_key=? AND candidate_key=?"
-                                     " AND round=?", (run_id, shape_key, candidate["key"], round)).fetchone()[0])
-        except self._errors as exc:
-            raise StoreError(f"cannot write database {self.path}: {_pg_reason(exc)}") from None
+        with self._write() as c:
+            # the writer must hold the shape point it measures (a run's planned points), else the run
+            row = c.execute("SELECT owner FROM run_shapes WHERE run_id=? AND shape_key=?" + self._for_share,
+                            (run_id, shape_key)).fetchone()
+            if row is not None:
+                if row[0] != str(self.owner):
+                    raise LeaseLost(f"run {run_id}: shape point {shape_key} is "
+                                    f"{'held by ' + _describe(row[0]) if row[0] else 'not held by this process'}"
+                                    f" now; this process lost its lease and stops writing to it")
+            else:
+                row = c.execute("SELECT owner FROM runs WHERE id=?" + self._for_share, (run_id,)).fetchone()
+                if row is not None and row[0] is not None and row[0] != str(self.owner):
+                    raise LeaseLost(f"run {run_id} is held by {_describe(row[0])} now; this process lost its "
+                                    f"lease and stops writing to it")
+            cur = c.execute(
+                "INSERT INTO records (run_id, workload_key, shape, shape_key, fingerprint_key, candidate_key,"
+                " candidate, versions, round, status, reason, verdict, samples, wall_ms, agent_ms, created)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (run_id, shape_key, candidate_key, round) DO NOTHING RETURNING id",
+                (run_id, workload_key, json.dumps(shape, sort_keys=True), shape_key, fingerprint_key,
+                 candidate["key"], json.dumps(candidate, sort_keys=True), json.dumps(versions, sort_keys=True),
+                 round, status, reason, json.dumps(verdict, sort_keys=True), blob, wall_ms, agent_ms, time.time()))
+            new = cur.fetchone()
+            if new is not None:
+                return int(new[0])
+            return int(c.execute("SELECT id FROM records WHERE run_id=? AND shape_key=? AND candidate_key=?"
+                                 " AND round=?", (run_id, shape_key, candidate["key"], round)).fetchone()[0])
 
     def records(self, run_id: str | None = None, workload_key: str | None = None,
                 fingerprint_key: str | None = None, candidate_key: str | None = None) -> list[RecordRow]:

@@ -10,6 +10,7 @@ the device's /proc/cpuinfo text into LLVM features (x86 ``flags``: avx2 -> +avx2
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -83,6 +84,7 @@ class KernelTarget:
         return replace(self, tvm_target=tt)
 
 
+@functools.lru_cache(maxsize=None)  # read once per SM: it is asked for every GPU candidate's verdict
 def gpu_peak_gflops(sm: str | None) -> float | None:
     """The fastest a GPU of SM version ``sm`` ("sm_90") can compute, of the targets that name it:
     the stated dense tensor-core peak, else the fp32 peak; None for an SM no target states. The

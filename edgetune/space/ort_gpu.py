@@ -20,7 +20,6 @@ candidate's speedup is confirmed against is a GPU one.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from edgetune.agent.host import AgentInfo
@@ -95,7 +94,7 @@ class OrtGpuSpace:
 
 def fp16_model(path: Path, sha256: str, cache_dir: Path) -> Path:
     """The model in float16 inside, float32 at its inputs and outputs (cached by content)."""
-    out = cache_dir / f"fp16-{sha256[:16]}-{hashlib.sha256(b'keep_io_types').hexdigest()[:8]}.onnx"
+    out = cache_dir / f"fp16-keepio-{sha256[:16]}.onnx"
     if out.exists():
         return out
     try:

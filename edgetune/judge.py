@@ -292,6 +292,14 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         sandbox = str(info.runtimes.get("judge-sandbox") or "unknown")
         emulated = probe.emulated
         peak = None if emulated else measure.peak_gflops
+        # a CUDA kernel's roofline is its GPU's (the SM's stated dense tensor-core peak), not the CPU's
+        from edgetune.kernels.targets import gpu_peak_gflops
+
+        sm = _device_sm(info)
+        gpu_peak = None if emulated or sm is None else gpu_peak_gflops(sm)
+
+        def kpeak(k: KernelFile):
+            return gpu_peak if k.kind == "cuda" else peak
         fp, fp_key = probe.fingerprint, probe.fingerprint_key
         versions = {"edgetune": __version__, "agent": f"{info.agent} {info.agent_version}",
                     "device_runtimes": {k: v for k, v in sorted(info.runtimes.items()) if not isinstance(v, list)}}
@@ -325,8 +333,10 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
             from edgetune.agent.host import Job
 
             b = built[k.name]
-            return Job(backend="judge", artifact=Path(b.path),
-                       params={"abi": b.abi, "num_threads": measure.num_threads},
+            params = {"abi": b.abi, "num_threads": measure.num_threads}
+            if k.kind == "cuda":  # device buffers, the call timed with cuCtxSynchronize (PROTOCOL.md)
+                params.update(device="cuda", cuda_device=0)
+            return Job(backend="judge", artifact=Path(b.path), params=params,
                        input_names=[s.name for s in view.inputs], input_sets=[inputs],
                        output_specs=[s.as_json() for s in view.outputs], budget_ms=cfg.budget_ms,
                        warmup_ms=min(20.0, max(5.0, cfg.budget_ms / 5)), max_iters=20_000, timeout_s=cfg.timeout_s,
@@ -337,6 +347,10 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
 
             jr = measure.run_job(job(k, inputs, view))
             res = by_name[k.name]
+            if k.kind == "cuda" and jr.status != "ok" and "cuda-unavailable: " in (jr.reason or ""):
+                # the device's failure, not the kernel's: its GPU (nvidia-smi saw it) cannot be opened
+                res.fail("not-applicable", "the device's GPU could not be opened: "
+                         + (jr.reason or "").split("cuda-unavailable: ", 1)[1])
             res.sandbox = res.sandbox or jr.backend_info.get("sandbox")
             hs = jr.backend_info.get("handshake_ns")
             if isinstance(hs, (int, float)) and res.handshake_ns is None:
@@ -363,7 +377,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                     continue
                 emit({"event": "check", "device": spec.name, "kernel": k.name, "spec": odd.spec()})
                 jr, run = run_kernel(k, odd, [x.copy() for x in inputs])
-                ok, reason, mabs, mrel = _verify_run(run, odd, inputs, reference, peak_gflops=peak,
+                ok, reason, mabs, mrel = _verify_run(run, odd, inputs, reference, peak_gflops=kpeak(k),
                                                      timings_trusted=not emulated)
                 code = None if ok else reason.split(":", 1)[0]
                 res.checks.append({"spec": odd.spec(), "round": 0, "ok": ok, "code": code, "reason": reason,
@@ -387,7 +401,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         bdev = _baseline_device(bcfg, spec, measure, info, [w])
         weights = final_weights(w)
         workdir = Path(tempfile.mkdtemp(prefix="edgetune-judge-base-"))
-        entrants = [Entrant(k.name, (lambda xs, _k=k: run_kernel(_k, w, xs)), peak_gflops=peak,
+        entrants = [Entrant(k.name, (lambda xs, _k=k: run_kernel(_k, w, xs)), peak_gflops=kpeak(k),
                             timings_trusted=not emulated) for k in standing]
         kfile = {k.name: k for k in kernels}
 
@@ -466,6 +480,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         dev_doc = {"device": spec.name, "run_id": run_id, "fingerprint_key": fp_key, "fingerprint": fp,
                    "arch": info.arch, "emulated": emulated, "sandbox": sandbox,
                    "agent": f"{info.agent} {info.agent_version}", "fp32_peak_gflops": peak,
+                   "gpu": {"sm": sm, "peak_gflops": gpu_peak} if sm else None,
                    "baseline": baseline_doc or {"form": None, "reason": "no kernel was correct in every round"
                                                 if standing else "no kernel reached the rounds",
                                                 "forms": [dict(s) for s in skipped]},
@@ -502,6 +517,12 @@ def op_macros(w) -> list[str]:
     return [f"-DEDGETUNE_{w.op.upper()}_{k.upper()}={v}" for k, v in w.params().items() if k in keep]
 
 
+def _device_sm(info) -> str | None:
+    """The SM of the device's first GPU ("sm_90"), from its agent's fingerprint; None: no GPU."""
+    return next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")),
+                None)
+
+
 def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Sequence[str] = ()):
     """The binary judged on this device (built here for its architecture), or None with the
     kernel's failure recorded (build error, wrong architecture, interposed symbols, CUDA on a CPU)."""
@@ -513,8 +534,7 @@ def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Seque
     try:
         if k.kind == "cuda":
             # built for the device GPU's own SM (its fingerprint, from nvidia-smi), not nvcc's default
-            sm = next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")),
-                      None)
+            sm = _device_sm(info)
             if sm is None:
                 res.fail("not-applicable", "a CUDA kernel: this device has no CUDA GPU")
                 return None

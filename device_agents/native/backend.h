@@ -3,6 +3,7 @@
 #define EDGETUNE_BACKEND_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "json.h"
 #include "tensor.h"
@@ -49,6 +50,10 @@ typedef struct {
   void (*idle)(backend* b);
   /* 1 with a fault code ("forbidden-exec", ...) and a one-line detail when the candidate faulted. */
   int (*fault)(backend* b, char* code, size_t codelen, char* detail, size_t detaillen);
+  /* The last run's time as the backend measured it in the agent's own process (the judge's CUDA mode:
+   * the kernel call alone, without the untimed upload and download around it), or -1: the worker's
+   * own clock around run(). Never a figure the candidate's process reported. */
+  int64_t (*timed_ns)(backend* b);
 } backend_hooks;
 const backend_hooks* backend_hooks_of(const backend* b);
 

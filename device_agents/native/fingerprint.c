@@ -3,10 +3,14 @@
 #define _GNU_SOURCE
 #endif
 #include <ctype.h>
+#include <errno.h>
+#include <dlfcn.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fingerprint.h"
@@ -219,5 +223,180 @@ void et_fingerprint_json(sbuf* o, const et_fingerprint* fp) {
   /* a board whose binaries run under emulation says so: its timings are never compared */
   sb_raw(o, ",\"emulated\":");
   sb_str(o, fp->emulated[0] ? fp->emulated : NULL);
+  if (fp->gpus) { /* only a device with GPUs has the key: a CPU device's fingerprint stays what it was */
+    sb_raw(o, ",\"gpus\":");
+    sb_raw(o, fp->gpus);
+  }
   sb_raw(o, "}");
+}
+
+/* ------------------------------------------------------------------ GPUs */
+
+extern char** environ;
+
+/* stdout of argv (found on PATH when argv[0] has no slash), at most cap-1 bytes; NULL if it did not run */
+static char* run_capture(char* const argv[], size_t cap) {
+  char exe[4096];
+  if (strchr(argv[0], '/')) {
+    snprintf(exe, sizeof exe, "%s", argv[0]);
+  } else {
+    const char* path = getenv("PATH");
+    exe[0] = 0;
+    while (path && *path) {
+      const char* end = strchr(path, ':');
+      size_t n = end ? (size_t)(end - path) : strlen(path);
+      if (n && n < sizeof exe - 64) {
+        snprintf(exe, sizeof exe, "%.*s/%s", (int)n, path, argv[0]);
+        if (access(exe, X_OK) == 0) break;
+      }
+      exe[0] = 0;
+      path = end ? end + 1 : NULL;
+    }
+  }
+  if (!exe[0] || access(exe, X_OK)) return NULL;
+  int fds[2];
+  if (pipe(fds)) return NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", 1 /* O_WRONLY */, 0);
+  pid_t pid;
+  int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc) {
+    close(fds[0]);
+    return NULL;
+  }
+  char* out = (char*)malloc(cap);
+  size_t len = 0;
+  ssize_t got;
+  while (out && len + 1 < cap && (got = read(fds[0], out + len, cap - 1 - len)) != 0) {
+    if (got < 0) break;
+    len += (size_t)got;
+  }
+  close(fds[0]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (out) out[len] = 0;
+  return out;
+}
+
+/* "13.0" from a CUDA version call (cuDriverGetVersion, cudaRuntimeGetVersion), or "" */
+static void cuda_version(const char* lib, const char* fn, char* out, size_t outlen) {
+  out[0] = 0;
+  void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return;
+  int (*get)(int*) = (int (*)(int*))dlsym(h, fn);
+  int v = 0;
+  if (get && get(&v) == 0 && v > 0) snprintf(out, outlen, "%d.%d", v / 1000, (v % 1000) / 10);
+}
+
+/* the CUDA runtime's soname as Python's ctypes.util.find_library("cudart") finds it first (the first
+ * `ldconfig -p` entry of this ABI), or "" */
+static void cudart_soname(char* out, size_t outlen) {
+  out[0] = 0;
+#if defined(__x86_64__)
+  const char* abi = "(libc6,x86-64";
+#elif defined(__aarch64__)
+  const char* abi = "(libc6,AArch64";
+#else
+  const char* abi = NULL;
+#endif
+  if (!abi) return;
+  static const char* ldconfigs[] = {"/sbin/ldconfig", "/usr/sbin/ldconfig"};
+  for (size_t i = 0; i < 2 && !out[0]; i++) {
+    char* argv[] = {(char*)ldconfigs[i], (char*)"-p", NULL};
+    char* text = run_capture(argv, 1 << 22);
+    for (char* line = text; line && *line && !out[0];) {
+      char* nl = strchr(line, '\n');
+      if (nl) *nl = 0;
+      char* p = line;
+      while (*p == ' ' || *p == '\t') p++;
+      char name[256];
+      if (!strncmp(p, "libcudart.", 10) && sscanf(p, "%255s", name) == 1 && strstr(p, abi)) snprintf(out, outlen, "%s", name);
+      line = nl ? nl + 1 : NULL;
+    }
+    free(text);
+  }
+}
+
+/* a number nvidia-smi printed (nounits) as JSON, or null for [N/A], [Not Supported], ... */
+static void json_num_or_null(sbuf* o, const char* t) {
+  char* end;
+  double v = strtod(t, &end);
+  if (end == t || *end) {
+    sb_raw(o, "null");
+    return;
+  }
+  if (v == (double)(long long)v) sb_printf(o, "%lld", (long long)v);
+  else sb_printf(o, "%.17g", v);
+}
+
+void et_fingerprint_gpus(et_fingerprint* fp) {
+  fp->gpus = NULL;
+  char* argv[] = {(char*)"nvidia-smi",
+                  (char*)"--query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pci.bus_id",
+                  (char*)"--format=csv,noheader,nounits", NULL};
+  char* text = run_capture(argv, 1 << 16);
+  if (!text) return;
+  char drv[32], rt[32], soname[256];
+  cuda_version("libcuda.so.1", "cuDriverGetVersion", drv, sizeof drv);
+  cudart_soname(soname, sizeof soname);
+  rt[0] = 0;
+  if (soname[0]) cuda_version(soname, "cudaRuntimeGetVersion", rt, sizeof rt);
+  sbuf o;
+  sb_init(&o);
+  int n = 0;
+  for (char* line = text; line && *line;) {
+    char* nl = strchr(line, '\n');
+    if (nl) *nl = 0;
+    char* f[8];
+    int nf = 0;
+    for (char* p = line; nf < 8;) { /* split on ',' and strip */
+      char* c = strchr(p, ',');
+      if (c) *c = 0;
+      et_trim(p);
+      while (*p == ' ' || *p == '\t') p++;
+      f[nf++] = p;
+      if (!c) break;
+      p = c + 1;
+    }
+    if (nf == 7 && f[0][0]) {
+      int major, minor;
+      char sm[32] = "";
+      char tail;
+      if (sscanf(f[1], "%d.%d%c", &major, &minor, &tail) == 2 && major >= 0 && minor >= 0)
+        snprintf(sm, sizeof sm, "sm_%d%d", major, minor);
+      sb_raw(&o, n++ ? "," : "[");
+      sb_raw(&o, "{\"name\":");
+      sb_str(&o, f[0]);
+      sb_raw(&o, ",\"sm\":");
+      sb_str(&o, sm[0] ? sm : NULL);
+      sb_raw(&o, ",\"driver\":");
+      sb_str(&o, f[2]);
+      sb_raw(&o, ",\"memory_mib\":");
+      json_num_or_null(&o, f[3]);
+      sb_raw(&o, ",\"max_sm_clock_mhz\":");
+      json_num_or_null(&o, f[4]);
+      sb_raw(&o, ",\"max_mem_clock_mhz\":");
+      json_num_or_null(&o, f[5]);
+      sb_raw(&o, ",\"pci_bus\":");
+      sb_str(&o, f[6]);
+      sb_raw(&o, ",\"cuda_driver\":");
+      sb_str(&o, drv[0] ? drv : NULL);
+      sb_raw(&o, ",\"cuda_runtime\":");
+      sb_str(&o, rt[0] ? rt : NULL);
+      sb_raw(&o, "}");
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  free(text);
+  if (n) {
+    sb_raw(&o, "]");
+    fp->gpus = o.p ? strdup(o.p) : NULL;
+  }
+  sb_free(&o);
 }

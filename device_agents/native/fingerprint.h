@@ -24,9 +24,16 @@ typedef struct {
   char os[512];
   char governor[128];  /* "" when unreadable */
   char emulated[128];  /* $EDGETUNE_EMULATED, "" when unset */
+  char* gpus;          /* JSON array of the NVIDIA GPUs (et_fingerprint_gpus), NULL: none or not looked */
 } et_fingerprint;
 
 void et_fingerprint_collect(et_fingerprint* fp);
+/* The device's NVIDIA GPUs, as the Python agent reports them (nvidia-smi's name, compute capability
+ * as "sm_90", driver, memory in MiB, max SM and memory clocks, PCI bus; the CUDA version of libcuda's
+ * cuDriverGetVersion and of the CUDA runtime ldconfig knows first): into fp->gpus, none -> NULL.
+ * Runs nvidia-smi (posix_spawn) when it is on PATH; never initialises CUDA in this process. The
+ * agent's `info` calls it; the app loader does not. */
+void et_fingerprint_gpus(et_fingerprint* fp);
 /* the `fingerprint` object of the agent's info (without arch, which info reports beside it) */
 void et_fingerprint_json(sbuf* o, const et_fingerprint* fp);
 

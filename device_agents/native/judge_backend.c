@@ -8,7 +8,16 @@
  * Buffers live in memfds shared by both processes: [guard][pad | data | slack][guard]; the child maps
  * the guards PROT_NONE, the inputs read-only (sealed F_SEAL_FUTURE_WRITE), the outputs read-write.
  * The child runs under a seccomp-BPF filter (two stages) or, where the kernel or emulator refuses
- * seccomp (qemu-user), is inspected from /proc between runs ("detect"). */
+ * seccomp (qemu-user), is inspected from /proc between runs ("detect").
+ *
+ * params.device "cuda" (a CUDA kernel, built with nvcc): the child opens the GPU through the driver
+ * API (judge_cuda.c) before its sandbox and holds a guarded device copy of every buffer; the
+ * DLTensors the kernel gets are kDLCUDA. Each run is three round trips: PRE (inputs uploaded,
+ * outputs poisoned on the device, L2 overwritten, synchronized), RUN (the kernel call and
+ * cuCtxSynchronize: all its work on every stream of the context, launches included) and POST
+ * (outputs downloaded into the shared buffers the agent verifies). The worker's sample is RUN's
+ * round trip, measured here in the parent (timed_ns hook): nothing the kernel's process reports is
+ * a time. The CUDA events around the call are kept as information only. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -42,6 +51,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "judge_cuda.h"
 #include "tvm_abi.h"
 
 #ifndef MFD_CLOEXEC
@@ -83,9 +93,10 @@
 #define MAX_BUFS 256
 #define HANDSHAKE_ROUNDS 200
 
-enum { CMD_NOOP = 0, CMD_LOAD = 1, CMD_RUN = 2, CMD_EXIT = 3 };
+enum { CMD_NOOP = 0, CMD_LOAD = 1, CMD_RUN = 2, CMD_EXIT = 3, CMD_CUDA_PRE = 4, CMD_CUDA_POST = 5, CMD_CUDA_CHECK = 6 };
 /* SECCOMP_RET_DATA of a trapped call: its class */
-enum { CL_NONE = 0, CL_EXEC = 1, CL_PROCESS = 2, CL_NETWORK = 3, CL_FILE = 4, CL_SYSCALL = 5, CL_SIGMASK = 6 };
+enum { CL_NONE = 0, CL_EXEC = 1, CL_PROCESS = 2, CL_NETWORK = 3, CL_FILE = 4, CL_SYSCALL = 5, CL_SIGMASK = 6,
+       CL_GPU = 7 /* not a trap: the GPU faulted under the kernel (the error's name in msg) */ };
 static const char* kClassCode[] = {"crashed", "forbidden-exec", "forbidden-process", "forbidden-network",
                                    "forbidden-file", "forbidden-syscall"};
 
@@ -108,6 +119,7 @@ typedef struct {
   int32_t f_sig, f_code, f_class, f_nr;
   uint64_t f_addr;
   char msg[512];
+  int64_t event_ns;     /* CUDA: the events around the last call (the kernel's process writes it: information) */
 } ctl_page;
 
 typedef struct {
@@ -148,6 +160,14 @@ typedef struct {
   char fault_code[40];
   char fault_detail[481]; /* the host takes at most 500 characters */
   int sealed;             /* inputs sealed F_SEAL_FUTURE_WRITE (Linux >= 5.1) */
+  /* params.device "cuda" */
+  int cuda;
+  char cuda_driver[PATH_MAX];
+  int cuda_ordinal;
+  int64_t last_ns;        /* RUN's round trip (the sample) */
+  double event_sum_ns;    /* the events' sum and count (information) */
+  long long event_n;
+  char gpu_name[128];
 } judge_state;
 
 static judge_state* g_js; /* one job per process */
@@ -463,12 +483,13 @@ static void build_filter(bpf_prog* p, int stage2, pid_t me) {
   emit(p, (struct sock_filter)RET(A));
 }
 
-static int install_filter(bpf_prog* p) {
+static int install_filter(bpf_prog* p, int all_threads) {
   struct sock_fprog prog = {(unsigned short)p->n, p->f};
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
 #ifdef SYS_seccomp
-  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0) return 0;
-  if (errno != ENOSYS) return -1;
+  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, all_threads ? 1u /* SECCOMP_FILTER_FLAG_TSYNC */ : 0u, &prog) == 0)
+    return 0;
+  if (errno != ENOSYS || all_threads) return -1;
 #endif
   return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
 }
@@ -493,7 +514,7 @@ int judge_seccomp_probe(char* why, size_t whylen) {
     bpf_prog p;
     p.n = 1;
     p.f[0] = f[0];
-    int e = install_filter(&p) ? errno : 0;
+    int e = install_filter(&p, 0) ? errno : 0;
     ssize_t w = write(pfd[1], &e, sizeof e);
     (void)w;
     _exit(0);
@@ -717,6 +738,9 @@ static int g_abi_tvm;
 static DLTensor* g_dl;
 static TVMFFIAny* g_args;
 static int g_nin, g_nout;
+static jcuda g_cu;             /* params.device "cuda" */
+static int g_dev[MAX_BUFS];    /* bind order (inputs, then outputs) -> device buffer */
+static char g_cuda_err[400];   /* the GPU could not be opened: LOAD answers with it */
 
 #define SIGBIT(n) (1ull << ((n) - 1))
 #define KEEP_UNBLOCKED (SIGBIT(SIGSYS) | SIGBIT(SIGSEGV) | SIGBIT(SIGBUS) | SIGBIT(SIGILL) | SIGBIT(SIGFPE))
@@ -843,6 +867,53 @@ static int child_load(judge_state* s) {
   return 0;
 }
 
+/* PRE: inputs up, outputs poisoned, L2 overwritten; POST: outputs down; CHECK: device guards and
+ * inputs. 0, 1 with "code: detail" in msg (CHECK found the kernel breaking a rule), -1 with msg. */
+static int child_cuda(judge_state* s, ctl_page* c, int cmd) {
+  char err[300];
+  err[0] = 0;
+  int n = s->n_in + s->n_out;
+  for (int k = 0; k < n; k++) {
+    jbuf* b = &s->bufs[k < s->n_in ? s->in_idx[k] : s->out_idx[k - s->n_in]];
+    char* host = b->map + b->data_off;
+    int in = k < s->n_in, idx = in ? k : k - s->n_in;
+    if (cmd == CMD_CUDA_PRE) {
+      if (in ? jc_upload(&g_cu, g_dev[k], host, err, sizeof err) : jc_poison(&g_cu, g_dev[k], err, sizeof err)) break;
+    } else if (cmd == CMD_CUDA_POST) {
+      if (!in && jc_download(&g_cu, g_dev[k], host, err, sizeof err)) break;
+    } else {
+      int after = 0;
+      size_t off = 0;
+      int g = jc_guards(&g_cu, g_dev[k], &after, &off, err, sizeof err);
+      if (g < 0) break;
+      if (g > 0) {
+        snprintf(c->msg, sizeof c->msg, "out-of-bounds-write: a write %zu bytes %s %s %d (its guard zone in GPU memory)",
+                 off, after ? "past the end of" : "before the start of", in ? "input" : "output", idx);
+        return 1;
+      }
+      if (in) {
+        g = jc_compare(&g_cu, g_dev[k], host, &off, err, sizeof err);
+        if (g < 0) break;
+        if (g > 0) {
+          snprintf(c->msg, sizeof c->msg, "input-mutated: input %d in GPU memory differs from what was uploaded "
+                   "at byte offset %zu", idx, off);
+          return 1;
+        }
+      }
+    }
+  }
+  if (!err[0] && cmd == CMD_CUDA_PRE) jc_flush_l2(&g_cu, err, sizeof err);
+  if (!err[0] && cmd == CMD_CUDA_PRE) {
+    char name[128];
+    if (jc_sync(&g_cu, name, sizeof name)) snprintf(err, sizeof err, "cuCtxSynchronize: %s", name);
+  }
+  if (err[0]) {
+    snprintf(c->msg, sizeof c->msg, "cuda: %s", err);
+    return -1;
+  }
+  return 0;
+}
+
 static void child_main(judge_state* s, pid_t parent) {
   ctl_page* c = s->ctl;
   g_ctl = c;
@@ -877,6 +948,17 @@ static void child_main(judge_state* s, pid_t parent) {
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (getppid() != parent) _exit(EXIT_SETUP);
   prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  /* 2b. the GPU, before any limit or filter: the driver opens /dev/nvidia* read-write and starts its
+   *     threads here; the kernel's code is not loaded yet */
+  if (s->cuda) {
+    char err[300];
+    int ok = jc_open(&g_cu, s->cuda_driver, s->cuda_ordinal, err, sizeof err) == 0;
+    for (int k = 0; ok && k < s->n_in + s->n_out; k++) {
+      jbuf* b = &s->bufs[k < s->n_in ? s->in_idx[k] : s->out_idx[k - s->n_in]];
+      ok = (g_dev[k] = jc_alloc(&g_cu, b->nbytes, err, sizeof err)) >= 0;
+    }
+    if (!ok) snprintf(g_cuda_err, sizeof g_cuda_err, "%s", err);
+  }
   /* 3. fault handlers (on an alternate stack: a stack overflow is named too) */
   static char altstack[65536];
   stack_t ss = {.ss_sp = altstack, .ss_size = sizeof altstack, .ss_flags = 0};
@@ -911,7 +993,8 @@ static void child_main(judge_state* s, pid_t parent) {
   pid_t me = getpid();
   if (s->seccomp_ok) {
     build_filter(prog, 0, me);
-    if (install_filter(prog)) child_fail(c, "seccomp");
+    /* CUDA: the driver's threads exist already; the filter is synchronized to them (TSYNC) */
+    if (install_filter(prog, s->cuda)) child_fail(c, "seccomp");
   }
   /* serve: NOOP (handshake measurement), LOAD, RUN, EXIT */
   uint32_t last = 0;
@@ -931,7 +1014,10 @@ static void child_main(judge_state* s, pid_t parent) {
     int cmd = atomic_load_explicit(&c->cmd, memory_order_relaxed);
     int rc = 0;
     if (cmd == CMD_EXIT) _exit(0);
-    if (cmd == CMD_LOAD) {
+    if (cmd == CMD_LOAD && g_cuda_err[0]) {
+      snprintf(c->msg, sizeof c->msg, "cuda-unavailable: %s", g_cuda_err);
+      rc = -1;
+    } else if (cmd == CMD_LOAD) {
       if (!s->seccomp_ok) g_judge_guard = 1; /* from the kernel's constructors on */
       rc = child_load(s);
       if (rc == 0) {
@@ -947,6 +1033,11 @@ static void child_main(judge_state* s, pid_t parent) {
           DLTensor* dt = &g_dl[k];
           dt->data = b->map + b->data_off;
           dt->device.device_type = kDLCPU;
+          if (s->cuda) {
+            dt->data = (void*)(uintptr_t)jc_data(&g_cu, g_dev[k]);
+            dt->device.device_type = kDLCUDA;
+            dt->device.device_id = s->cuda_ordinal;
+          }
           dt->ndim = t->ndim;
           dt->dtype = et_dl_dtype(t->dtype);
           dt->shape = (int64_t*)malloc(sizeof(int64_t) * (size_t)(t->ndim + 1));
@@ -957,15 +1048,33 @@ static void child_main(judge_state* s, pid_t parent) {
           g_args[k].type_index = kTVMFFIDLTensorPtr;
           g_args[k].v_ptr = dt;
         }
-        /* stage 2: no file opened any more at all */
-        if (s->seccomp_ok) {
+        /* stage 2: no file opened any more at all (CUDA: stage 1 stays, read-only opens allowed: the
+         * driver's threads may still read /proc and /sys) */
+        if (s->seccomp_ok && !s->cuda) {
           build_filter(prog, 1, me);
-          if (install_filter(prog)) {
+          if (install_filter(prog, 0)) {
             snprintf(c->msg, sizeof c->msg, "seccomp stage 2: %s", strerror(errno));
             rc = -1;
           }
         }
       }
+    } else if (cmd == CMD_CUDA_PRE || cmd == CMD_CUDA_POST || cmd == CMD_CUDA_CHECK) {
+      rc = child_cuda(s, c, cmd);
+    } else if (cmd == CMD_RUN && s->cuda) {
+      char name[128];
+      jc_record(&g_cu, 0);
+      rc = ((int (*)(const DLTensor*, int32_t, DLTensor*, int32_t))g_fn)(g_dl, g_nin, g_dl + g_nin, g_nout);
+      jc_record(&g_cu, 1);
+      if (jc_sync(&g_cu, name, sizeof name)) { /* the context is lost: a fault record, as a trap writes */
+        snprintf(c->msg, sizeof c->msg, "%s", name);
+        c->f_sig = 0;
+        c->f_class = CL_GPU;
+        c->f_nr = -1;
+        __atomic_store_n(&c->fault, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_exit_group, EXIT_FAULT);
+      }
+      double ev = jc_elapsed_ns(&g_cu);
+      c->event_ns = ev >= 0 ? (int64_t)ev : -1;
     } else if (cmd == CMD_RUN) {
       if (g_abi_tvm) {
         TVMFFIAny ret;
@@ -1013,6 +1122,15 @@ static void name_buffer(judge_state* s, const jbuf* b, char* out, size_t outlen)
 static void classify_death(judge_state* s) {
   int st = s->child_status;
   ctl_page* c = s->ctl;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_FAULT && c->fault && c->f_sig == 0 && c->f_class == CL_GPU) {
+    char m[sizeof c->msg + 1];
+    memcpy(m, c->msg, sizeof c->msg);
+    m[sizeof c->msg] = 0;
+    /* an access outside any allocation: the GPU's SIGSEGV */
+    set_fault(s, strstr(m, "ILLEGAL_ADDRESS") ? "out-of-bounds-access" : "crashed",
+              "the GPU faulted under the kernel: %s", m);
+    return;
+  }
   if (WIFEXITED(st) && WEXITSTATUS(st) == EXIT_FAULT && c->fault && c->f_sig == 0 && c->f_class > 0 &&
       c->f_class <= CL_SYSCALL) {
     set_fault(s, kClassCode[c->f_class], "the kernel called %.*s (detected)", (int)strnlen(c->f_name, sizeof c->f_name),
@@ -1295,6 +1413,29 @@ static int judge_load(backend* b, const backend_config* cfg, char* err, size_t e
   return -1;
 #endif
   s->seccomp_ok = judge_seccomp_probe(s->seccomp_why, sizeof s->seccomp_why) == 0;
+  const char* device = param_str(cfg->params, "device");
+  if (device && strcmp(device, "cpu") && strcmp(device, "cuda")) {
+    snprintf(err, errlen, "params.device must be \"cpu\" or \"cuda\", not \"%s\"", device);
+    return -1;
+  }
+  s->cuda = device && !strcmp(device, "cuda");
+  s->last_ns = -1;
+  if (s->cuda) {
+    if (s->abi_tvm) {
+      snprintf(err, errlen, "params.device \"cuda\" takes abi \"edgetune\" kernels");
+      return -1;
+    }
+    const char* drv = param_str(cfg->params, "cuda_driver"); /* tests: a stand-in driver */
+    snprintf(s->cuda_driver, sizeof s->cuda_driver, "%s", drv ? drv : "libcuda.so.1");
+    long long ord = 0;
+    s->cuda_ordinal = param_int(cfg->params, "cuda_device", &ord) == 0 && ord >= 0 && ord < 64 ? (int)ord : 0;
+    /* the child's thread waits on the GPU, not on cores the timer would take: spin where there is a
+     * second core */
+    if (!s->spin_fixed) {
+      s->spin_fixed = 1;
+      s->spin_ns = cpu_count() > 1 ? JUDGE_SPIN_FREE_CORE_NS : 0;
+    }
+  }
   if (check_elf(s, s->artifact, err, errlen)) return -1;
   if (!s->bound) {
     snprintf(err, errlen, "judge: buffers not bound before load");
@@ -1347,7 +1488,7 @@ static int judge_load(backend* b, const backend_config* cfg, char* err, size_t e
     memcpy(m, s->ctl->msg, sizeof s->ctl->msg);
     m[sizeof s->ctl->msg] = 0;
     if (!strncmp(m, "bad-artifact: ", 14)) set_fault(s, "bad-artifact", "%s", m + 14);
-    snprintf(err, errlen, "%s", m);
+    snprintf(err, errlen, "%s", m); /* (cuda-unavailable: the device's, not the kernel's: no fault) */
     return -1;
   }
   if (!s->seccomp_ok) detect_baseline(s);
@@ -1384,16 +1525,44 @@ static int judge_bind(backend* b, et_tensor* in, et_tensor* out, char* err, size
   return 0;
 }
 
+/* a CUDA step that is not the kernel's call (PRE, POST): 0, or -1 with err */
+static int cuda_step(judge_state* s, int cmd, char* err, size_t errlen) {
+  if (call(s, cmd, err, errlen)) return -1;
+  if (s->ctl->rc) {
+    char m[sizeof s->ctl->msg + 1];
+    memcpy(m, s->ctl->msg, sizeof s->ctl->msg);
+    m[sizeof s->ctl->msg] = 0;
+    snprintf(err, errlen, "%s", m);
+    return -1;
+  }
+  return 0;
+}
+
 static int judge_run(backend* b, char* err, size_t errlen) {
   judge_state* s = (judge_state*)b->state;
+  if (s->cuda && cuda_step(s, CMD_CUDA_PRE, err, errlen)) return -1;
+  int64_t a = mono_ns();
   if (call(s, CMD_RUN, err, errlen)) return -1;
+  s->last_ns = s->cuda ? mono_ns() - a : -1;
   int rc = s->ctl->rc;
   if (rc) {
     set_fault(s, "kernel-error", "%s returned %d", s->entry, rc);
     snprintf(err, errlen, "%s: %s", s->fault_code, s->fault_detail);
     return -1;
   }
+  if (s->cuda) {
+    if (s->ctl->event_ns >= 0) {
+      s->event_sum_ns += (double)s->ctl->event_ns;
+      s->event_n++;
+    }
+    if (cuda_step(s, CMD_CUDA_POST, err, errlen)) return -1;
+  }
   return 0;
+}
+
+static int64_t judge_timed_ns(backend* b) {
+  judge_state* s = (judge_state*)b->state;
+  return s && s->cuda ? s->last_ns : -1;
 }
 
 /* threads of the kernel's child now (field 20 of /proc/<pid>/stat), or -1 */
@@ -1426,6 +1595,25 @@ static int judge_check(backend* b, char* err, size_t errlen) {
   adapt_spin(s);
   if (!s->fault_code[0] && reap(s, 0)) classify_death(s);
   if (!s->fault_code[0] && !s->seccomp_ok && !s->child_reaped) detect(s);
+  if (!s->fault_code[0] && s->cuda && !s->child_reaped && s->ctl && s->ctl->rc == 0) {
+    char e[512];
+    if (call(s, CMD_CUDA_CHECK, e, sizeof e) == 0 && s->ctl->rc) {
+      char m[sizeof s->ctl->msg + 1];
+      memcpy(m, s->ctl->msg, sizeof s->ctl->msg);
+      m[sizeof s->ctl->msg] = 0;
+      char* sep = strstr(m, ": ");
+      if (s->ctl->rc == 1 && sep && (!strncmp(m, "out-of-bounds-write", 19) || !strncmp(m, "input-mutated", 13))) {
+        *sep = 0;
+        set_fault(s, m, "%s", sep + 2);
+      } else {
+        snprintf(err, errlen, "%s", m);
+        return -1;
+      }
+    } else if (!s->fault_code[0] && s->child_reaped) {
+      snprintf(err, errlen, "%s", e);
+      return -1;
+    }
+  }
   if (s->fault_code[0]) {
     snprintf(err, errlen, "%s: %s", s->fault_code, s->fault_detail);
     return -1;
@@ -1464,6 +1652,12 @@ static void judge_details(backend* b, sbuf* out) {
   sb_str(out, sandbox);
   sb_printf(out, ",\"spin_ns\":%lld,\"handshake_ns\":%lld,\"threads\":%d,\"inputs_sealed\":%s", s->spin_ns, s->handshake_ns,
             s->abi_tvm ? s->nthreads : 0, s->sealed ? "true" : "false");
+  if (s->cuda) { /* the samples: RUN's round trip (call + cuCtxSynchronize), timed here */
+    sb_printf(out, ",\"device\":\"cuda\",\"cuda_device\":%d,\"timing\":\"host: call + cuCtxSynchronize\","
+              "\"cuda_event_mean_ns\":", s->cuda_ordinal);
+    if (s->event_n) sb_printf(out, "%.0f", s->event_sum_ns / (double)s->event_n);
+    else sb_raw(out, "null");
+  }
 }
 
 static int judge_fault(backend* b, char* code, size_t codelen, char* detail, size_t detaillen) {
@@ -1480,6 +1674,6 @@ backend* backend_judge(void) {
 }
 
 const backend_hooks* backend_hooks_of(const backend* b) {
-  static const backend_hooks judge = {judge_alloc, judge_check, judge_idle, judge_fault};
+  static const backend_hooks judge = {judge_alloc, judge_check, judge_idle, judge_fault, judge_timed_ns};
   return b == backend_judge() ? &judge : NULL;
 }

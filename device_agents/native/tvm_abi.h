@@ -31,7 +31,7 @@ typedef struct {
   uint64_t byte_offset;
 } DLTensor;
 
-enum { kDLCPU = 1 };
+enum { kDLCPU = 1, kDLCUDA = 2 };
 enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 
 /* TVMFFITypeIndex values used here. */

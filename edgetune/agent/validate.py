@@ -48,7 +48,7 @@ NPY_MAGIC = b"\x93NUMPY"
 _NPY_KINDS = set("biuf")  # bool, signed, unsigned, float: what outputs of inference are
 # what the judge backend names a kernel's failure (device_agents/PROTOCOL.md, "judge backend")
 FAULT_CODES = frozenset({"forbidden-exec", "forbidden-process", "forbidden-network", "forbidden-file",
-                         "forbidden-syscall", "input-mutated", "out-of-bounds-access", "crashed",
+                         "forbidden-syscall", "input-mutated", "out-of-bounds-access", "out-of-bounds-write", "crashed",
                          "interposed-symbol", "wrong-architecture", "bad-artifact", "kernel-error"})
 LIMITS = {"memory": "out of memory", "processes": "too many processes", "time": "hung",
           "output": "result too large"}

@@ -33,8 +33,9 @@ from edgetune.errors import ToolchainError
 
 AGENT_SRC = Path(__file__).resolve().parents[2] / "device_agents" / "native"
 SOURCES = ("agent.c", "fingerprint.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c",
-           "judge_guard.c")
-HEADERS = ("backend.h", "fingerprint.h", "json.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h", "tvm_abi.h")
+           "judge_cuda.c", "judge_guard.c")
+HEADERS = ("backend.h", "fingerprint.h", "json.h", "judge_cuda.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h",
+           "tvm_abi.h")
 EMPTY_TABLE = "kernels_none.c"
 AGENT_NAME = "edgetune-agent"
 DEFAULT_ENTRY = "__tvm_ffi_main"

@@ -266,7 +266,7 @@ class FormView:
 class BaselineForm:
     """One honest form of the operator on the device: how it is run and how it is verified."""
 
-    key: str  # ort-constant | ort-runtime | numpy | tflite
+    key: str  # ort-constant | ort-runtime | ort-cuda-constant | ort-cuda-runtime | numpy | tflite
     label: str
     candidate: Candidate
     agent: str  # "native" (the kernel's agent) | "python"
@@ -631,6 +631,19 @@ class BaselineDevice:
     def tflite(self) -> bool:
         return self.python_info is not None and bool(self.python_info.runtimes.get("tflite"))
 
+    @property
+    def gpus(self) -> list:
+        """The device's NVIDIA GPUs (its Python agent's fingerprint)."""
+        fp = getattr(self.python_info, "fingerprint", None)
+        g = fp.get("gpus") if isinstance(fp, dict) else None
+        return g if isinstance(g, list) else []
+
+    @property
+    def ort_cuda(self) -> bool:
+        """The device's onnxruntime (Python agent) has the CUDA execution provider."""
+        have = self.python_info.runtimes.get("onnxruntime_providers") if self.python_info is not None else None
+        return isinstance(have, list) and "CUDAExecutionProvider" in have
+
 
 def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
                    dev: BaselineDevice) -> tuple[list[BaselineForm], list[dict[str, Any]]]:
@@ -671,6 +684,31 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         path.write_bytes(model.SerializeToString())
         forms.append(BaselineForm(key, label, Candidate.make("ort", {"weights": kind}, baseline=True),
                                   "native", "ort", path, FormView(w, consts, tag=key)))
+
+    # onnxruntime's CUDA provider (cuBLAS / cuDNN underneath) on a GPU device, on the Python agent:
+    # inputs and outputs in GPU memory (io_binding "device": inputs uploaded before the timed run, the
+    # run synchronized), TF32 off (an fp32 operator is held to fp32 and so is its baseline)
+    for key, label, consts, kind in (
+            ("ort-cuda-constant", "onnxruntime CUDA (cuBLAS/cuDNN), constant weights", dict(weights), "constant"),
+            ("ort-cuda-runtime", "onnxruntime CUDA (cuBLAS/cuDNN), runtime weights", {}, "runtime")):
+        if not dev.gpus:
+            break  # a CPU device: no GPU forms, and nothing to say about them
+        if kind == "constant" and not weights:
+            skip(key, label, f"{op} has no weight operand (every input is an activation)")
+            continue
+        if not dev.ort_cuda:
+            skip(key, label, "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)")
+            continue
+        model = op_onnx_model(w, consts)
+        if model is None:
+            skip(key, label, f"no ONNX form of {op}")
+            continue
+        path = workdir / f"{tag}-{key}.onnx"
+        path.write_bytes(model.SerializeToString())
+        params = {"execution_provider": "CUDAExecutionProvider", "io_binding": "device",
+                  "provider_options": {"use_tf32": "0"}}
+        forms.append(BaselineForm(key, label, Candidate.make("ort", {"weights": kind, **params}, baseline=True),
+                                  "python", "ort", path, FormView(w, consts, tag=key), params))
 
     # numpy/BLAS, as a generated adapter on the Python agent
     src = numpy_adapter_source(w)

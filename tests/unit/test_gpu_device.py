@@ -53,6 +53,31 @@ def test_nvidia_smi_reading_and_the_gpu_column(agent):
         assert agent.gpus() == [] and "gpus" not in agent.fingerprint()
 
 
+def test_the_native_agent_reports_the_gpus_as_the_python_agent_does(agent, tmp_path, monkeypatch):
+    """Both agents read nvidia-smi the same way (the judge and tune-kernels read the native agent's
+    fingerprint for the SM to build for): same list, same fields, for a fake nvidia-smi on PATH."""
+    import subprocess
+
+    from edgetune.build import native
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '%s\\n' 'NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0' "
+                   "'NVIDIA A100-SXM4-80GB, 8.0, 580.159.04, [N/A], [N/A], 1593.5, 00000000:1A:00.0' 'broken line'\n")
+    smi.chmod(0o755)
+    exe = native.build_agent(None, static=False, out_dir=tmp_path / "agent")
+    path = f"{bin_dir}:{__import__('os').environ['PATH']}"
+    monkeypatch.setenv("PATH", path)
+    info = json.loads(subprocess.run([str(exe), "info"], capture_output=True, text=True, check=True).stdout)
+    got = info["fingerprint"]["gpus"]
+    assert got == agent.gpus() and len(got) == 2, got
+    assert got[0]["sm"] == "sm_90" and got[0]["memory_mib"] == 143771 and got[1]["max_mem_clock_mhz"] == 1593.5
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: no key at all
+    info = json.loads(subprocess.run([str(exe), "info"], capture_output=True, text=True, check=True).stdout)
+    assert "gpus" not in info["fingerprint"]
+
+
 def test_a_gpu_device_gets_its_own_grid_and_fp16_only_under_a_budget(tmp_path):
     model = load_model(build_tiny(tmp_path / "tiny.onnx"))
     info = _info(["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
@@ -170,6 +195,40 @@ def test_judge_builds_a_cuda_kernel_for_the_gpu_it_judges_on(tmp_path):
     cpu = AgentInfo("python", "2.4.0", "x86_64", "3.11", {}, {"cores": 2})
     res = Judged("k.cu", str(cu), "cuda", k.sha256, "cpu-box")
     assert _build_for(k, cpu, cfg, res) is None and res.failure == "not-applicable"
+
+
+def test_judge_on_a_gpu_device_sends_cuda_kernels_to_the_agent_s_cuda_mode(tmp_path, monkeypatch):
+    """The judge end to end on this machine posing as a GPU device (a fake nvidia-smi says sm_90):
+    the native agent's fingerprint names the SM, the CUDA kernel is built with nvcc for sm_90, its jobs
+    ask the agent's CUDA mode, and there the GPU cannot be opened (no driver here): the kernel is
+    not-applicable, the device's failure and not the kernel's, while a C kernel beside it is judged
+    as usual. (The agent's CUDA mode itself: tests/unit/test_native_judge_cuda.py.)"""
+    import os
+
+    from edgetune import api
+    from edgetune.build import kernel_build as kb
+    from tests.conftest import require
+
+    require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
+    kernels = Path(__file__).resolve().parents[1]
+    doc = api.judge("gemm:M=16,N=12,K=8", [str(kernels / "judge_kernels_cuda" / "gemm_tiled.cu"),
+                                           str(kernels / "judge_kernels" / "gemm_naive.c")],
+                    rounds=2, budget_ms=5.0, db=str(tmp_path / "j.db"), baseline=False)
+    res = {r["kernel"]: r for r in doc["results"]}
+    cu, c = res["gemm_tiled.cu"], res["gemm_naive.c"]
+    assert cu["failure"] == "not-applicable" and "the device's GPU could not be opened" in cu["errors"][0], cu
+    assert "-arch=sm_90" in cu["build"]["command"] and kb.cuda_sms(cu["build"]["binary"]) == [90]
+    assert c["correct"], c["errors"]
+    (dev,) = doc["devices"]
+    assert dev["gpu"]["sm"] == "sm_90" and dev["gpu"]["peak_gflops"] > 100_000, dev["gpu"]
+    assert dev["fingerprint"]["gpus"][0]["name"] == "NVIDIA H200"
 
 
 def test_the_kernel_worker_times_on_the_device_clock_with_caches_flushed(tmp_path):

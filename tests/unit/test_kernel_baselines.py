@@ -375,6 +375,50 @@ def test_tflite_and_numpy_forms_compute_the_operator(tmp_path):
                 assert np.abs(o - r).max() <= 1e-4 * np.abs(r).max(), (spec, f.key)
 
 
+def test_a_gpu_device_gets_onnxruntime_cuda_forms_and_a_cpu_device_none(tmp_path):
+    """On a device with a GPU whose onnxruntime has the CUDA provider, cuBLAS/cuDNN through onnxruntime
+    are baseline forms (GPU memory bound, TF32 off: fp32 against fp32); without the provider they are
+    named unavailable; a CPU device has no GPU forms at all. The forms' models compute the operator
+    (run here by the CPU provider: what differs on the GPU is where, not what)."""
+    require_module("onnxruntime")
+
+    def info(providers, gpus):
+        return type("Info", (), {"runtimes": {"onnxruntime_providers": providers},
+                                 "fingerprint": {"gpus": gpus} if gpus else {}})()
+
+    h200 = [{"name": "NVIDIA H200", "sm": "sm_90"}]
+    w = parse_workload(GEMM)
+    weights = S.final_weights(w)
+    gpu = S.BaselineDevice(True, "", python=object(), num_threads=1,
+                           python_info=info(["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                                             "CPUExecutionProvider"], h200))
+    forms, skipped = S.baseline_forms(w, weights, tmp_path, gpu)
+    cuda = {f.key: f for f in forms if f.key.startswith("ort-cuda")}
+    assert set(cuda) == {"ort-cuda-constant", "ort-cuda-runtime"}, (forms, skipped)
+    xs = S.final_inputs(w, 1, weights)
+    ref = w.reference(xs)
+    for f in cuda.values():
+        assert (f.agent, f.backend) == ("python", "ort") and f.candidate.baseline
+        assert f.params == {"execution_provider": "CUDAExecutionProvider", "io_binding": "device",
+                            "provider_options": {"use_tf32": "0"}}
+
+        class J:
+            backend, artifact, params, input_names, input_sets = (f.backend, f.artifact, f.params,
+                                                                  [s.name for s in f.view.inputs], [f.view.to_form(xs)])
+        out = _execute(J)[0]
+        assert np.abs(out - f.view.outputs_to_form(ref)[0]).max() <= 1e-4 * np.abs(ref[0]).max()
+    no_ep = S.BaselineDevice(True, "", python=object(), num_threads=1,
+                             python_info=info(["CPUExecutionProvider"], h200))
+    forms, skipped = S.baseline_forms(w, weights, tmp_path, no_ep)
+    assert not [f for f in forms if f.key.startswith("ort-cuda")]
+    assert {s["form"]: s["reason"] for s in skipped if s["form"].startswith("ort-cuda")} == {
+        "ort-cuda-constant": "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)",
+        "ort-cuda-runtime": "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)"}
+    cpu = S.BaselineDevice(True, "", python=object(), num_threads=1, python_info=info(["CPUExecutionProvider"], []))
+    forms, skipped = S.baseline_forms(w, weights, tmp_path, cpu)
+    assert not [x for x in [*(f.key for f in forms), *(s["form"] for s in skipped)] if x.startswith("ort-cuda")]
+
+
 # ---------------------------------------------------------------------------------------------
 # Fused tasks: an independent float64 reference (numpy interpretation of the unscheduled TIR)
 # ---------------------------------------------------------------------------------------------

@@ -395,6 +395,10 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                 if measure.device_error is not None:
                     raise DeviceError(f"{spec.name}: device lost: {measure.device_error}")
 
+        # 1b. CUDA kernels still standing, once per compute-sanitizer tool, where the device has it
+        sanitizer_doc = _sanitize(cfg, spec, measure, store, common, versions, kernels, built, by_name, job,
+                                  candidate, odd or w, emit)
+
         # 2. the interleaved rounds: every kernel still standing and every baseline form
         standing = [k for k in kernels if k.name in built and by_name[k.name].failure is None]
         bcfg = _BaselineCfg(cfg.baseline, cfg.budget_ms, cfg.timeout_s)
@@ -481,6 +485,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                    "arch": info.arch, "emulated": emulated, "sandbox": sandbox,
                    "agent": f"{info.agent} {info.agent_version}", "fp32_peak_gflops": peak,
                    "gpu": {"sm": sm, "peak_gflops": gpu_peak} if sm else None,
+                   "sanitizer": sanitizer_doc,
                    "baseline": baseline_doc or {"form": None, "reason": "no kernel was correct in every round"
                                                 if standing else "no kernel reached the rounds",
                                                 "forms": [dict(s) for s in skipped]},
@@ -500,6 +505,62 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         _close_python_agent(bdev)
         measure.close()
         store.close()
+
+
+def _sanitize(cfg: JudgeConfig, spec, measure, store, common, versions, kernels, built, by_name, job, candidate,
+              view, emit) -> dict[str, Any] | None:
+    """Each CUDA kernel still standing, once under each compute-sanitizer tool (``edgetune.sanitizer``):
+    a finding is the kernel's named failure. None when no CUDA kernel is judged here."""
+    import dataclasses
+
+    from edgetune import sanitizer as san
+
+    cuda = [k for k in kernels if k.kind == "cuda" and k.name in built and by_name[k.name].failure is None]
+    if not cuda:
+        return None
+    transport = measure.client.transport
+    exe = san.find(transport)
+    if exe is None:
+        return {"path": None, "tools": [], "reason": "no compute-sanitizer on the device (PATH, /usr/local/cuda/bin)"}
+    inputs = view.random_inputs(13)
+    shape_key = hashlib.sha256(view.key().encode()).hexdigest()[:16]
+    for k in cuda:
+        res = by_name[k.name]
+        for tool in san.TOOLS:
+            if res.failure is not None:
+                break
+            emit({"event": "sanitize", "device": spec.name, "kernel": k.name, "tool": tool})
+            log = san.log_path(measure.client.workdir, tool)
+            # one checked call is the point, not timing: the tools slow a kernel 10-100x
+            j = dataclasses.replace(job(k, [x.copy() for x in inputs], view), budget_ms=1.0, warmup_ms=0.0,
+                                    min_iters=1, max_iters=2, check_iters=1, check_fastest=0, probe_pairs=0,
+                                    timeout_s=cfg.timeout_s * 10, memory_mb=cfg.memory_mb * 2)
+            try:
+                jr = measure.run_job(j, san.wrap(exe, tool, log))
+                c = transport.run(["cat", log], timeout=60)
+                text = c.text() if c.ok else ""
+            finally:
+                try:
+                    transport.run(["rm", "-f", log], timeout=30)
+                except DeviceError:
+                    pass
+            f = san.parse(text, tool)
+            if f.ok is not False and jr.status != "ok":  # not a finding: said, never a pass
+                f = san.Finding(None, None, f"{f.detail}; the job under it: {jr.status}: {jr.reason}"[:400], f.errors)
+            res.checks.append(san.as_check(f, tool, view.spec()))
+            c0 = candidate(k)  # a record of its own: not the odd-shape check's (same shape, same round)
+            cand = Candidate.make(c0["backend"], {**c0["params"], "check": f"compute-sanitizer {tool}"}).as_dict()
+            store.add_record(run_id=common["run_id"], workload_key=view.key(), shape={"op": view.spec()},
+                             shape_key=shape_key, fingerprint_key=common["fingerprint_key"], candidate=cand,
+                             versions=versions, round=0,
+                             status="failed" if f.ok is False else "checked" if f.ok else "unchecked",
+                             reason=f.detail, verdict={"ok": f.ok, "reason": f.detail, "check": f"compute-sanitizer {tool}",
+                                                       "errors": f.errors},
+                             samples_ns=[], wall_ms=jr.wall_ms, agent_ms=jr.agent_ms)
+            if f.ok is False:
+                res.fail(f.code, f.detail)
+                emit({"event": "failed", "device": spec.name, "kernel": k.name, "code": f.code})
+    return {"path": exe, "tools": list(san.TOOLS), "reason": ""}
 
 
 @dataclass

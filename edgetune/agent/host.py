@@ -473,7 +473,9 @@ class AgentClient:
             request["model"] = model
         return request
 
-    def run_job(self, job: Job) -> JobResult:
+    def run_job(self, job: Job, wrap: Sequence[str] = ()) -> JobResult:
+        """Run one job. ``wrap``: a command the agent runs under (``edgetune.sanitizer``: NVIDIA's
+        compute-sanitizer, which follows the agent's processes)."""
         self.provision()
         t_start = time.perf_counter()
         jobdir = f"{self.workdir}/jobs/{uuid.uuid4().hex[:16]}"
@@ -484,7 +486,7 @@ class AgentClient:
                 max_bundle = request["max_bundle_bytes"]
                 self._check_agent()  # the agent is ours, byte for byte, right before it runs
                 t_agent = time.perf_counter()
-                c = self.transport.run(self._agent_argv + ["run-stdio", jobdir], timeout=job.timeout_s,
+                c = self.transport.run([*wrap, *self._agent_argv, "run-stdio", jobdir], timeout=job.timeout_s,
                                        stdin=json.dumps(request).encode(), max_output=max_bundle + 4096)
                 agent_ms = (time.perf_counter() - t_agent) * 1e3
                 res = self._collect(c, job, agent_ms)

@@ -138,12 +138,12 @@ class DeviceMeasure:
         return int(self.info().fingerprint.get("cores") or 1)
 
     # -------------------------------------------------------------------------- measuring
-    def run_job(self, job: Job) -> JobResult:
+    def run_job(self, job: Job, wrap: Sequence[str] = ()) -> JobResult:
         """One agent job with one reconnect on a device error (raises DeviceError if it persists)."""
         if self.device_error is not None:
             raise self.device_error
         try:
-            return self.client.run_job(job)
+            return self.client.run_job(job, wrap)
         except DeviceError:
             try:
                 self.client.close()
@@ -151,7 +151,7 @@ class DeviceMeasure:
                 pass
             self.client = AgentClient(self.spec)
             try:
-                return self.client.run_job(job)
+                return self.client.run_job(job, wrap)
             except DeviceError as exc:
                 self.device_error = exc
                 raise

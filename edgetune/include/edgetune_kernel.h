@@ -13,6 +13,11 @@
  * Tensors are row-major float32 on the CPU (kDLCPU), `strides` is NULL and `byte_offset` 0.
  * Return 0 on success, anything else is a failure the judge records.
  *
+ * A CUDA kernel (a .cu file, built with nvcc for the device GPU's SM) exports the same function;
+ * its tensors are kDLCUDA on device 0 and `data` points to GPU memory (guard zones around every
+ * buffer). It launches its work on any stream and returns: the judge's call ends with
+ * cuCtxSynchronize, which the time includes, and the outputs are read after it.
+ *
  * The kernel runs in a sandboxed child process: inputs are mapped read-only with guard pages
  * around every buffer; exec, fork, sockets and file writes are refused; defining a libc symbol
  * (clock_gettime, memcpy, malloc, ...) gets the kernel refused before it runs. Outputs are

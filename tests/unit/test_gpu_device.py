@@ -303,6 +303,43 @@ def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_v
     assert host and all("fell back: 0 of" in v for v in host)
 
 
+def test_the_offline_judge_replay_stages_the_judges_plan_and_reads_it_back(tmp_path):
+    """tools/gpu/judge_replay.py, all three steps on this GPU-less machine: the CUDA kernels built for
+    sm_90, the judge's plan (odd-size checks, a sanitizer job per kernel and tool, rounds in the
+    rotating order with the GPU baseline forms) staged as requests with relative paths, run by the
+    agents as the GPU machine would (the native agent's CUDA mode, the Python agent's CUDA provider),
+    and read back through validation, the verifier and final_rounds. Here the GPU cannot be opened:
+    every kernel is out with the driver's error, no baseline has a figure, and the script exits 1."""
+    import subprocess
+    import sys
+
+    from tests.conftest import load_tool, require
+
+    require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
+    replay = load_tool("gpu", "judge_replay")
+    src, out = tmp_path / "carry", tmp_path / "out"
+    assert replay.main(["prepare", str(src), "--op", "gemm:M=32,N=24,K=16", "--rounds", "2", "--budget-ms", "5"]) == 0
+    plan = json.loads((src / "plan.json").read_text())
+    kernels = ["gemm_oob.cu", "gemm_stale.cu", "gemm_tiled.cu"]
+    assert [p["who"] for p in plan["jobs"] if p["stage"] == "check"] == kernels
+    assert [(p["who"], p["tool"]) for p in plan["jobs"] if p["stage"] == "sanitize"] == \
+        [(k, t) for k in kernels for t in ("memcheck", "racecheck")]
+    rounds = [[p["who"] for p in plan["jobs"] if p.get("round") == r] for r in (1, 2)]
+    assert rounds[0] == [*kernels, "ort-cuda-constant", "ort-cuda-runtime"] and rounds[1] == rounds[0][1:] + rounds[0][:1]
+    for req in (src / "device" / "requests").iterdir():
+        text = req.read_text()
+        assert str(src) not in text
+        if '"judge"' in text:
+            assert json.loads(text)["params"]["device"] == "cuda"
+    p = subprocess.run([sys.executable, str(Path(replay.__file__)), "run", str(src), str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    md = tmp_path / "r.md"
+    assert replay.main(["verify", str(src), str(out), "--markdown", str(md)]) == 1
+    rows = [ln for ln in md.read_text().splitlines() if ln.startswith("| gemm_")]
+    assert len(rows) == 3 and all("| NO |" in r and "cuda-unavailable" in r for r in rows), rows
+
+
 def test_a_gpu_candidates_roofline_is_its_gpus_tensor_core_peak():
     """GPU candidates are not held to the CPU's roofline (they would all look impossible) but to
     the stated dense tensor-core peak of the SM the device reports: the fastest any precision its

@@ -10,7 +10,9 @@
  * (gemm:M,N,K: A[M,K], B[K,N] -> C[M,N]; softmax:M,N: X -> Y over the last axis;
  * layernorm:M,N: X[M,N], gamma[N], beta[N] -> Y (eps 1e-5, population variance);
  * attention:B,H,S,D[,L][,causal]: Q[B,H,S,D], K[B,H,L,D], V[B,H,L,D] -> O[B,H,S,D]).
- * Tensors are row-major float32 on the CPU (kDLCPU), `strides` is NULL and `byte_offset` 0.
+ * Tensors are row-major float32 on the CPU (kDLCPU), `strides` is NULL and `byte_offset` 0; a
+ * gemm or batch_matmul spec with dtype=float16 passes float16 operands (kDLFloat, 16 bits) and
+ * takes a float32 output (float32 accumulation, as tensor cores compute).
  * Return 0 on success, anything else is a failure the judge records.
  *
  * A CUDA kernel (a .cu file, built with nvcc for the device GPU's SM) exports the same function;

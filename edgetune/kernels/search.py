@@ -91,6 +91,21 @@ class TuneOutcome:
     db_path: Path | None = None
 
 
+def design_space(tgt, workload):
+    """MetaSchedule's design space for ``workload`` on ``tgt``: on a CUDA GPU of sm_70 or later,
+    float16 operands get the tensor-core rules (wmma fragments, MultiLevelTilingTensorCore, its
+    postprocessors and mutators); anything else the target's own defaults."""
+    from tvm.s_tir import meta_schedule as ms
+
+    half = any(getattr(s, "dtype", "") == "float16" for s in getattr(workload, "inputs", ()))
+    arch = str(tgt.attrs.get("arch", "")) if tgt.kind.name == "cuda" else ""
+    sm = int(arch[3:]) if arch.startswith("sm_") and arch[3:].isdigit() else 0
+    if half and sm >= 70:
+        return ms.space_generator.PostOrderApply(sch_rules="cuda-tensorcore", postprocs="cuda-tensorcore",
+                                                 mutator_probs="cuda-tensorcore")
+    return "post-order-apply"
+
+
 def default_measure(target):
     """A measurer for a target this host runs (the native agent on ``local``; CUDA: the legacy
     worker); UserInputError for anything else."""
@@ -170,6 +185,7 @@ def tune_workload(
                 num_trials_per_iter=max(1, min(num_trials_per_iter, remaining)),
                 builder=builder, runner=runner, database=db, seed=seed if search_seed is None else search_seed,
                 strategy=strategy if strategy is not None else search_strategy(remaining),
+                space=design_space(tgt, workload),
                 num_tuning_cores=builder_workers or _num_cores(tgt),
             )
         tuning_seconds = time.perf_counter() - t0

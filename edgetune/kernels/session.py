@@ -295,6 +295,12 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
     b = ins[1].name if len(ins) > 1 else None
     nodes = []
     extra = []  # initializers the graph itself needs (never operands of the kernel)
+    if op in ("gemm", "batch_matmul") and getattr(w, "dtype", "float32") != "float32":
+        # float16 operands, float32 accumulation and output: ONNX's MatMul of float16 returns float16,
+        # so the operands are widened first (onnxruntime then runs a float32 MatMul)
+        for name in (a, b):
+            nodes.append(helper.make_node("Cast", [name], [name + "_f32"], to=TensorProto.FLOAT))
+        a, b = a + "_f32", b + "_f32"
     if op == "gemm":
         nodes.append(helper.make_node("MatMul", [a, b], [y]))
     elif op == "batch_matmul":
@@ -350,12 +356,14 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
     else:
         return None
 
+    onnx_dtype = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
     def vi(s):
-        return helper.make_tensor_value_info(s.name, TensorProto.FLOAT, list(s.shape))
+        return helper.make_tensor_value_info(s.name, onnx_dtype[s.dtype], list(s.shape))
 
     inits = []
     for k, v in sorted(constants.items()):
-        v = np.ascontiguousarray(v, dtype=np.float32)
+        v = np.ascontiguousarray(v, dtype=ins[k].dtype)
         if tuple(v.shape) != tuple(ins[k].shape):
             raise ValueError(f"constant {ins[k].name}: shape {v.shape}, expected {ins[k].shape}")
         inits.append(numpy_helper.from_array(v, ins[k].name))
@@ -388,6 +396,8 @@ def op_tflite_model(w, constants: Mapping[int, np.ndarray]) -> tuple[bytes, Form
     from models._tflite import S, TFLiteGraph  # needs ai-edge-litert's schema bindings on the host
 
     op = getattr(w, "op", None)
+    if getattr(w, "dtype", "float32") != "float32":
+        return None  # (float16 operands with float32 accumulation: no one-op TFLite form)
     t = TFLiteGraph()
     act = S.ActivationFunctionType.NONE
     if op == "gemm":
@@ -475,14 +485,14 @@ def load(model_path, params):
 
     out_shape = tuple({out_shape!r})
     y = np.empty(out_shape, np.float32)
-    if OP == "gemm":
+    if OP == "gemm":  # (float16 operands: widened, float32 loop, as the op accumulates)
         def run(inputs):
-            np.matmul(inputs[0], inputs[1], out=y)
+            np.matmul(inputs[0], inputs[1], out=y, dtype=np.float32)
             return [y]
     elif OP == "batch_matmul":
         def run(inputs):
             b = inputs[1].transpose(0, 2, 1) if P["TB"] else inputs[1]
-            np.matmul(inputs[0], b, out=y)
+            np.matmul(inputs[0], b, out=y, dtype=np.float32)
             return [y]
     elif OP == "depthwise_conv2d_nchw":
         n, c, h, w_, r, s, st, pad = (P[k] for k in ("N", "C", "H", "W", "R", "S", "stride", "pad"))
@@ -735,7 +745,8 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         except ImportError as exc:
             built, why = None, f"cannot write .tflite here ({exc})"
         else:
-            why = f"no TFLite form of {op}"
+            why = f"no TFLite form of {op}" + (f" with {w.dtype} operands" if getattr(w, "dtype", "float32") != "float32"
+                                                 else "")
         if built is None:
             skip("tflite", label, why)
         else:

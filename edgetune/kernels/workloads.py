@@ -111,6 +111,9 @@ class OpWorkload(KernelWorkload):
     op: ClassVar[str] = ""
     reference_kind: ClassVar[str] = "numpy float64 formula (independent of TVM)"
     zero_ok: ClassVar[frozenset[str]] = frozenset({"pad", "TB"})  # int fields that may be 0
+    # dtypes of the operands besides float32: "float16" is the mixed-precision form (float16
+    # operands, float32 accumulation and output: what tensor cores compute), for the matmuls
+    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
     dtype: str = field(default="float32", kw_only=True)
 
     def __post_init__(self) -> None:
@@ -123,8 +126,8 @@ class OpWorkload(KernelWorkload):
             lowest = 0 if f.name in self.zero_ok else 1
             if value < lowest:
                 raise UserInputError(f"{self.op}: {f.name}={value} must be >= {lowest}")
-        if self.dtype != "float32":
-            raise UserInputError(f"{self.op}: dtype {self.dtype!r} not supported (float32 only)")
+        if self.dtype not in self.dtypes:
+            raise UserInputError(f"{self.op}: dtype {self.dtype!r} not supported ({', '.join(self.dtypes)})")
         for spec in self.outputs:
             if any(d < 1 for d in spec.shape):
                 raise UserInputError(f"{self.spec()}: output shape {spec.shape} is empty")
@@ -135,10 +138,21 @@ class OpWorkload(KernelWorkload):
     def spec(self) -> str:
         """The spec string this workload parses back from."""
         body = ",".join(f"{k}={v}" for k, v in self.params().items())
-        return f"{self.op}:{body}"
+        return f"{self.op}:{body}" + (f",dtype={self.dtype}" if self.dtype != "float32" else "")
+
+    @property
+    def acc_dtype(self) -> str:
+        """What the op accumulates and outputs in: float32 (for float16 operands too)."""
+        return "float32"
+
+    def _mac(self, x, y):
+        """x * y in the accumulation dtype (float16 operands widened first)."""
+        if self.dtype == self.acc_dtype:
+            return x * y
+        return x.astype(self.acc_dtype) * y.astype(self.acc_dtype)
 
     def key(self) -> str:
-        return f"{self.spec()},dtype={self.dtype}"
+        return self.spec() if self.dtype != "float32" else f"{self.spec()},dtype={self.dtype}"
 
     def __str__(self) -> str:
         return self.spec()
@@ -149,6 +163,7 @@ class Gemm(OpWorkload):
     """C[M,N] = A[M,K] @ B[K,N]."""
 
     op: ClassVar[str] = "gemm"
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16")
     M: int
     N: int
     K: int
@@ -159,7 +174,7 @@ class Gemm(OpWorkload):
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
-        return (TensorSpec("C", (self.M, self.N), self.dtype),)
+        return (TensorSpec("C", (self.M, self.N), self.acc_dtype),)
 
     def flops(self) -> int:
         return 2 * self.M * self.N * self.K
@@ -170,7 +185,7 @@ class Gemm(OpWorkload):
         a = te.placeholder((self.M, self.K), self.dtype, name="A")
         b = te.placeholder((self.K, self.N), self.dtype, name="B")
         k = te.reduce_axis((0, self.K), name="k")
-        c = te.compute((self.M, self.N), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+        c = te.compute((self.M, self.N), lambda i, j: te.sum(self._mac(a[i, k], b[k, j]), axis=k), name="C")
         return te.create_prim_func([a, b, c])
 
     def reference(self, inputs):
@@ -183,6 +198,7 @@ class BatchMatmul(OpWorkload):
     """C[b,M,N] = A[b,M,K] @ B[b,K,N]; with TB=1, B is [b,N,K] (attention's Q @ K^T)."""
 
     op: ClassVar[str] = "batch_matmul"
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16")
     B: int
     M: int
     N: int
@@ -201,7 +217,7 @@ class BatchMatmul(OpWorkload):
 
     @property
     def outputs(self):
-        return (TensorSpec("C", (self.B, self.M, self.N), self.dtype),)
+        return (TensorSpec("C", (self.B, self.M, self.N), self.acc_dtype),)
 
     def flops(self) -> int:
         return 2 * self.B * self.M * self.N * self.K
@@ -213,9 +229,9 @@ class BatchMatmul(OpWorkload):
         b = te.placeholder(self.inputs[1].shape, self.dtype, name="B")
         k = te.reduce_axis((0, self.K), name="k")
         if self.TB:
-            body = lambda n, i, j: te.sum(a[n, i, k] * b[n, j, k], axis=k)  # noqa: E731
+            body = lambda n, i, j: te.sum(self._mac(a[n, i, k], b[n, j, k]), axis=k)  # noqa: E731
         else:
-            body = lambda n, i, j: te.sum(a[n, i, k] * b[n, k, j], axis=k)  # noqa: E731
+            body = lambda n, i, j: te.sum(self._mac(a[n, i, k], b[n, k, j]), axis=k)  # noqa: E731
         c = te.compute((self.B, self.M, self.N), body, name="C")
         return te.create_prim_func([a, b, c])
 

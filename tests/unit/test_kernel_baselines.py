@@ -375,6 +375,51 @@ def test_tflite_and_numpy_forms_compute_the_operator(tmp_path):
                 assert np.abs(o - r).max() <= 1e-4 * np.abs(r).max(), (spec, f.key)
 
 
+def test_float16_matmuls_are_held_to_float32_accumulation_and_so_are_their_forms(tmp_path):
+    """gemm/batch_matmul with dtype=float16: float16 operands, float32 accumulation and output (what
+    tensor cores compute). The spec round-trips; the TVM compute, the onnxruntime forms (operands
+    widened: ONNX's float16 MatMul would return float16) and the numpy form (a float32 loop) all
+    match the float64 reference within float32's tolerance, where numpy's own float16 loop does
+    not; other ops refuse float16."""
+    require_module("onnxruntime")
+    import tvm
+
+    from edgetune.errors import UserInputError
+
+    class Info:
+        runtimes = {}
+
+    dev = S.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
+    for spec in ("gemm:M=33,N=20,K=300,dtype=float16", "batch_matmul:B=2,M=9,N=7,K=200,TB=1,dtype=float16"):
+        w = parse_workload(spec)
+        assert w.spec() == spec and parse_workload(w.spec()) == w and w.key() == spec
+        assert [s.dtype for s in w.inputs] == ["float16"] * 2 and w.outputs[0].dtype == "float32"
+        weights = S.final_weights(w)
+        xs = S.final_inputs(w, 1, weights)
+        ref = w.reference(xs)[0]
+        lib = tvm.compile(tvm.IRModule({"main": w.prim_func()}), target="llvm")
+        args = [tvm.runtime.tensor(x) for x in xs] + [tvm.runtime.tensor(np.zeros(ref.shape, np.float32))]
+        lib["main"](*args)
+        assert np.abs(args[-1].numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        assert {f.key for f in forms} >= {"ort-runtime", "numpy"}, skipped
+        for f in forms:
+            class J:
+                backend, artifact, params, input_names, input_sets = (f.backend, f.artifact, f.params,
+                                                                      [s.name for s in f.view.inputs],
+                                                                      [f.view.to_form(xs)])
+            out = _execute(J)[0]
+            assert out.dtype == np.float32 and np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max(), (spec, f.key)
+        if w.op == "gemm":  # what the numpy form avoids: float16 accumulation is far off
+            y = np.empty(ref.shape, np.float32)
+            np.matmul(xs[0], xs[1], out=y)
+            assert np.abs(y - ref).max() > 1e-4 * np.abs(ref).max()
+    with pytest.raises(UserInputError, match="dtype 'float16' not supported"):
+        parse_workload("softmax:M=4,N=8,dtype=float16")
+    with pytest.raises(UserInputError, match="not supported"):
+        parse_workload("gemm:M=4,N=8,K=2,dtype=bfloat16")
+
+
 def test_a_gpu_device_gets_onnxruntime_cuda_forms_and_a_cpu_device_none(tmp_path):
     """On a device with a GPU whose onnxruntime has the CUDA provider, cuBLAS/cuDNN through onnxruntime
     are baseline forms (GPU memory bound, TF32 off: fp32 against fp32); without the provider they are

@@ -117,6 +117,21 @@ def test_tune_kernels_local_then_reuse(tmp_path):
     assert "GFLOP/s" in p3.stdout and GEMM in p3.stdout and "yes" in p3.stdout
 
 
+def test_tune_kernels_float16_gemm_end_to_end(tmp_path):
+    """A mixed-precision GEMM (float16 operands, float32 accumulation) tuned on this machine: the
+    agent runs the float16 kernels, every trial and the final rounds are verified against the float64
+    reference, and the onnxruntime and numpy forms race it (operands widened, float32 loops)."""
+    spec = "gemm:M=16,N=24,K=40,dtype=float16"
+    p = cli(["--op", spec, "--trials", "4", "--rounds", "3", "--budget-ms", "10", "--db", str(tmp_path / "r.db"),
+             "--format", "json"], tmp_path / "home", tmp_path)
+    assert p.returncode == 0, p.stderr
+    (w,) = json.loads(p.stdout)["workloads"]
+    assert w["spec"] == spec and w["verified"] is True and w["trials_measured"] == 4, w
+    forms = {f["form"]: f for f in w["baseline"]["forms"]}
+    assert forms["numpy"]["status"] == "verified" and forms["ort-runtime"]["status"] == "verified", forms
+    assert "float16 operands" in forms["tflite"]["reason"]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--op", "gemm:M=8,N=x,K=8"], "must be an integer"),
     (["--op", "conv9d:N=1"], "unknown kernel op"),

@@ -29,15 +29,19 @@ def tune_kernels_cmd(
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a kernel counts as hung"),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="kernel threads (default: the device's cores)"),
     max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="MODEL: tune only the N heaviest tasks"),
+    gpu: bool = typer.Option(False, "--gpu", help="tune CUDA kernels for the device's NVIDIA GPU (its SM, from "
+                             "nvidia-smi; float16 matmuls get tensor-core schedules) instead of its CPU: this "
+                             "machine's GPU, through TVM's CUDA runtime"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
 ) -> None:
     """Tune TVM kernels ON the device (native agent), verify every one, store the best per device."""
     run_guarded(_tune_kernels, model, op, device, trials, dim, rounds, baseline, budget_ms, timeout, threads,
-                max_tasks, db, fmt)
+                max_tasks, db, fmt, gpu)
 
 
-def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms, timeout, threads, max_tasks, db, fmt):
+def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms, timeout, threads, max_tasks, db, fmt,
+                  gpu=False):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
@@ -46,7 +50,7 @@ def _tune_kernels(model, ops, device, trials, dims, rounds, baseline, budget_ms,
     command = "edgetune " + " ".join(sys.argv[1:]) if sys.argv and "edgetune" in sys.argv[0] else ""
     cfg = KernelSessionConfig(device=device, ops=list(ops), model=model, dims=list(dims), trials=trials, rounds=rounds,
                               baseline=baseline, budget_ms=budget_ms, timeout_s=timeout, num_threads=threads,
-                              max_tasks=max_tasks, db=db, command=command)
+                              max_tasks=max_tasks, db=db, command=command, gpu=gpu)
     progress = Progress(TextColumn("[bold]{task.fields[name]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), TextColumn("{task.description}"), console=err_console,
                         disable=fmt == Format.json or not err_console.is_terminal, transient=True)

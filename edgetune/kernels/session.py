@@ -65,6 +65,7 @@ class KernelSessionConfig:
     tuning_dir: str | None = None  # MetaSchedule databases (default EDGETUNE_HOME/kernels)
     command: str = ""
     inventory: Any = None  # an Inventory (tests); default: the user's
+    gpu: bool = False  # CUDA kernels for the device's GPU (this machine's), not its CPU
 
 
 @dataclass
@@ -829,18 +830,23 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
     tuning_dir = Path(cfg.tuning_dir) if cfg.tuning_dir else edgetune_home() / "kernels"
 
     measure = DeviceMeasure(spec, cfg.num_threads, cfg.budget_ms, cfg.timeout_s, max_iters=20_000)
+    kmeasure = measure  # what runs the kernels: the device's native agent, or (--gpu) the CUDA worker
     bdev = BaselineDevice()
     try:
         probe = measure.probe()
         info = probe.info
-        kt = device_kernel_target(info, probe.cpuinfo)
-        target = dict(kt.tvm_target)
-        cross_cc = kt.cross_cc if kt.arch != "x86_64" else None
-        if cross_cc:
-            from edgetune.build.tvm_kernel import resolve_cross_cc
+        if cfg.gpu:
+            target, peak, kmeasure = _gpu_target(cfg, spec, info)
+            cross_cc = None
+        else:
+            kt = device_kernel_target(info, probe.cpuinfo)
+            target = dict(kt.tvm_target)
+            cross_cc = kt.cross_cc if kt.arch != "x86_64" else None
+            if cross_cc:
+                from edgetune.build.tvm_kernel import resolve_cross_cc
 
-            resolve_cross_cc(target, cross_cc)  # ToolchainError (one line) before any tuning
-        peak = None if probe.emulated else kt.fp32_peak_gflops()
+                resolve_cross_cc(target, cross_cc)  # ToolchainError (one line) before any tuning
+            peak = None if probe.emulated else kt.fp32_peak_gflops()
         if model is not None:
             from edgetune.kernels.workloads import extract_onnx_tasks
 
@@ -881,12 +887,12 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
             def cb(done, best, _name=name):
                 emit({"event": "trial", "name": _name, "done": done, "best_gflops": best})
 
-            out = tune_workload(w, target, cfg.trials, measure, tuning_dir, cb, fingerprint=fp_key, cross_cc=cross_cc)
+            out = tune_workload(w, target, cfg.trials, kmeasure, tuning_dir, cb, fingerprint=fp_key, cross_cc=cross_cc)
             if measure.device_error is not None:
                 raise DeviceError(f"{spec.name}: device lost while tuning {name}: {measure.device_error}")
             emit({"event": "final", "name": name, "rounds": cfg.rounds})
             res = _finish_workload(store, run_id, w, name, out, measure, bdev, cfg, fp_key, versions, target,
-                                   peak, probe.emulated)
+                                   peak, probe.emulated, kmeasure=kmeasure)
             if measure.device_error is not None:
                 raise DeviceError(f"{spec.name}: device lost while measuring {name}: {measure.device_error}")
             results.append(res)
@@ -897,8 +903,41 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
         return outcome
     finally:
         _close_python_agent(bdev)
+        if kmeasure is not measure:
+            kmeasure.close()
         measure.close()
         store.close()
+
+
+def _gpu_target(cfg, spec, info):
+    """(TVM target, roofline, kernel measurer) for ``--gpu``: the CUDA target of the SM the device's
+    agent reports (nvidia-smi), its tensor-core peak, and the CUDA worker on this machine (TVM's CUDA
+    runtime: CUDA events, L2 overwritten before each timed run, post-timing checks). One line, before
+    any tuning, for what cannot be served."""
+    from edgetune.kernels.measurement import CudaLocalMeasure
+    from edgetune.kernels.targets import TARGETS_DIR, gpu_peak_gflops, load_target
+
+    if spec.kind != "local":
+        raise UserInputError(f"--gpu tunes this machine's GPU (device local); {spec.name} is a {spec.kind} device: "
+                             f"a remote GPU's CUDA kernels are judged with edgetune judge (the README's GPU section)")
+    sm = next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")), None)
+    if sm is None:
+        raise UserInputError(f"--gpu: {spec.name} reports no NVIDIA GPU (nvidia-smi)")
+    name = "cuda-" + sm.replace("_", "")
+    if not (TARGETS_DIR / f"{name}.toml").exists():
+        known = sorted(p.stem for p in TARGETS_DIR.glob("cuda-sm*.toml"))
+        raise UserInputError(f"--gpu: no kernel target for {sm} (targets: {', '.join(known)})")
+    import tvm
+
+    try:
+        have_cuda = bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - a TVM without its CUDA runtime raises or says no
+        have_cuda = False
+    if not have_cuda:
+        raise UserInputError(f"--gpu: this machine's TVM ({tvm.__version__}) cannot run CUDA kernels "
+                             f"(tvm.cuda(0) does not exist: a TVM build without CUDA, or no usable driver)")
+    return (dict(load_target(name).tvm_target), gpu_peak_gflops(sm),
+            CudaLocalMeasure(device="cuda", budget_ms=cfg.budget_ms, timeout_s=cfg.timeout_s))
 
 
 def _baseline_device(cfg, spec, measure, info, workloads) -> BaselineDevice:
@@ -957,7 +996,7 @@ def _run_form(form: BaselineForm, form_inputs: list[np.ndarray], measure, dev: B
 
 
 def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice, cfg, fp_key, versions, target,
-                     peak, emulated):
+                     peak, emulated, kmeasure=None):
     """The final rounds: the selected kernel and every baseline form, interleaved with a rotating
     order, fresh activations per round (fixed weights), every run verified and recorded; the verdict
     against the strongest verified form (lowest median over the rounds) by ``round_ratio``."""
@@ -982,8 +1021,9 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
                    "tuning_s": out.tuning_seconds, "failures": failures, "target_key": out.target_key,
                    "emulated": emulated, "reference": res.reference}
     kernel_sha = hashlib.sha256(out.artifact_path.read_bytes()).hexdigest() if out.artifact_path else None
+    kmeasure = kmeasure or measure  # the kernel's runner; baseline forms run on the device's agents
     kcand = Candidate.make("tvm-kernel", {"workload": name, "target": json.dumps(target, sort_keys=True),
-                                          "kernel_sha256": kernel_sha, "num_threads": measure.num_threads})
+                                          "kernel_sha256": kernel_sha, "num_threads": kmeasure.num_threads})
     if not out.verified:
         store.add_record(**common, candidate=kcand.as_dict(), versions=versions, round=1, status="failed",
                          reason=out.reason or "no verified kernel", verdict={"ok": False, "reason": out.reason,
@@ -996,7 +1036,7 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
     kernel_info = {"weights_sha256": _weights_sha(weights), **tuning_info}
 
     def run_kernel(inputs):
-        run = measure(str(out.artifact_path), inputs, list(w.outputs))
+        run = kmeasure(str(out.artifact_path), inputs, list(w.outputs))
         return None, run
 
     def record(who, rnd, ok, reason, mabs, mrel, run, jr, wall_ms):
@@ -1012,7 +1052,8 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
 
     try:
         forms, skipped = baseline_forms(w, weights, workdir, bdev)
-        rounds = final_rounds(w, [Entrant("kernel", run_kernel)], forms, cfg.rounds, weights,
+        rounds = final_rounds(w, [Entrant("kernel", run_kernel, peak_gflops=peak if kmeasure is not measure else None)],
+                              forms, cfg.rounds, weights,
                               lambda form, xs: _run_form(form, xs, measure, bdev, cfg), record,
                               device_lost=lambda: measure.device_error is not None)
     finally:

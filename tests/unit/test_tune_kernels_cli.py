@@ -117,6 +117,26 @@ def test_tune_kernels_local_then_reuse(tmp_path):
     assert "GFLOP/s" in p3.stdout and GEMM in p3.stdout and "yes" in p3.stdout
 
 
+@pytest.mark.parametrize("smi, needle", [
+    (None, "--gpu: local reports no NVIDIA GPU (nvidia-smi)"),
+    ("NVIDIA T4, 7.5, 580.1, 15360, 1590, 5001, 00000000:01:00.0", "no kernel target for sm_75 (targets: cuda-sm80, "
+                                                                   "cuda-sm90)"),
+    ("NVIDIA H200, 9.0, 580.1, 143771, 1980, 3201, 00000000:19:00.0", "cannot run CUDA kernels"),
+])
+def test_gpu_tuning_says_in_one_line_what_it_cannot_serve(tmp_path, monkeypatch, smi, needle):
+    """--gpu on this machine: the SM comes from the device's agent (a fake nvidia-smi here); a device
+    without a GPU, an SM without a target and a TVM without CUDA are one line each, before any work.
+    (This machine's TVM has no CUDA runtime and it has no GPU: the tuning itself needs a GPU host.)"""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if smi:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho '{smi}'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    p = cli(["--op", GEMM, "--gpu", "--trials", "2"], tmp_path / "home", tmp_path)
+    assert needle in one_line_error(p, 2)
+
+
 def test_tune_kernels_float16_gemm_end_to_end(tmp_path):
     """A mixed-precision GEMM (float16 operands, float32 accumulation) tuned on this machine: the
     agent runs the float16 kernels, every trial and the final rounds are verified against the float64

@@ -677,37 +677,26 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
             skip(key, label, reason)
         return forms, skipped
 
-    # onnxruntime, on the native agent (the kernel's own agent: same process model)
-    ort_forms = [("ort-constant", "onnxruntime, constant weights", dict(weights), "constant"),
-                 ("ort-runtime", "onnxruntime, runtime weights", {}, "runtime")]
-    for key, label, consts, kind in ort_forms:
+    # onnxruntime, on the native agent (the kernel's own agent: same process model); on a GPU device
+    # also onnxruntime's CUDA provider (cuBLAS / cuDNN underneath) on the Python agent: inputs and
+    # outputs in GPU memory (io_binding "device": inputs uploaded before the timed run, the run
+    # synchronized), TF32 off (an fp32 operator is held to fp32 and so is its baseline)
+    cuda = {"execution_provider": "CUDAExecutionProvider", "io_binding": "device", "provider_options": {"use_tf32": "0"}}
+    ort_forms = [("ort-constant", "onnxruntime, constant weights", dict(weights), "constant", "native", {}),
+                 ("ort-runtime", "onnxruntime, runtime weights", {}, "runtime", "native", {})]
+    if dev.gpus:  # (a CPU device: no GPU forms, and nothing to say about them)
+        ort_forms += [("ort-cuda-constant", "onnxruntime CUDA (cuBLAS/cuDNN), constant weights", dict(weights),
+                       "constant", "python", cuda),
+                      ("ort-cuda-runtime", "onnxruntime CUDA (cuBLAS/cuDNN), runtime weights", {}, "runtime",
+                       "python", cuda)]
+    for key, label, consts, kind, agent, params in ort_forms:
         if kind == "constant" and not weights:
             skip(key, label, f"{op} has no weight operand (every input is an activation)")
             continue
-        if not dev.native_ort:
+        if agent == "native" and not dev.native_ort:
             skip(key, label, dev.native_ort_reason or "no onnxruntime on the device")
             continue
-        model = op_onnx_model(w, consts)
-        if model is None:
-            skip(key, label, f"no ONNX form of {op}")
-            continue
-        path = workdir / f"{tag}-{key}.onnx"
-        path.write_bytes(model.SerializeToString())
-        forms.append(BaselineForm(key, label, Candidate.make("ort", {"weights": kind}, baseline=True),
-                                  "native", "ort", path, FormView(w, consts, tag=key)))
-
-    # onnxruntime's CUDA provider (cuBLAS / cuDNN underneath) on a GPU device, on the Python agent:
-    # inputs and outputs in GPU memory (io_binding "device": inputs uploaded before the timed run, the
-    # run synchronized), TF32 off (an fp32 operator is held to fp32 and so is its baseline)
-    for key, label, consts, kind in (
-            ("ort-cuda-constant", "onnxruntime CUDA (cuBLAS/cuDNN), constant weights", dict(weights), "constant"),
-            ("ort-cuda-runtime", "onnxruntime CUDA (cuBLAS/cuDNN), runtime weights", {}, "runtime")):
-        if not dev.gpus:
-            break  # a CPU device: no GPU forms, and nothing to say about them
-        if kind == "constant" and not weights:
-            skip(key, label, f"{op} has no weight operand (every input is an activation)")
-            continue
-        if not dev.ort_cuda:
+        if agent == "python" and not dev.ort_cuda:
             skip(key, label, "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)")
             continue
         model = op_onnx_model(w, consts)
@@ -716,10 +705,8 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
             continue
         path = workdir / f"{tag}-{key}.onnx"
         path.write_bytes(model.SerializeToString())
-        params = {"execution_provider": "CUDAExecutionProvider", "io_binding": "device",
-                  "provider_options": {"use_tf32": "0"}}
         forms.append(BaselineForm(key, label, Candidate.make("ort", {"weights": kind, **params}, baseline=True),
-                                  "python", "ort", path, FormView(w, consts, tag=key), params))
+                                  agent, "ort", path, FormView(w, consts, tag=key), dict(params)))
 
     # numpy/BLAS, as a generated adapter on the Python agent
     src = numpy_adapter_source(w)

@@ -40,6 +40,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
+sys.path.insert(0, str(HERE.parent))
+
+from replay_common import load_result, machine, run_request, stage as stage_request  # noqa: E402
 # what is carried to the GPU machine is every input array once (~4 MB per 1024x1024 operand and round)
 DEFAULT_OPS = ("gemm:M=1024,N=1024,K=1024", "gemm:M=200,N=300,K=500")
 DEFAULT_KERNELS = ("tests/judge_kernels_cuda",)
@@ -80,10 +83,7 @@ def prepare(out: Path, ops: list[str], kernel_paths: list[str], sm: str, rounds:
 
     def stage(job, entry: dict) -> None:
         n = len(jobs)
-        request = client.stage_job(job, out / "host")
-        text = json.dumps(request).replace(f'"{dev}/', '"../../')  # relative to DIR/device/jobs/NNNN
-        (dev / "requests").mkdir(exist_ok=True)
-        (dev / "requests" / f"{n:04d}.json").write_text(text)
+        stage_request(client, job, out / "host", dev, n)
         jobs.append(job)
         plan.append({"job": n, "jobdir": f"device/jobs/{n:04d}", **entry})
 
@@ -214,26 +214,15 @@ def run(src: Path, out: Path, deadline_s: float) -> int:
         if left <= 0:
             print(f"deadline: {deadline_s:.0f} s passed; job {n} and the ones after it not run", flush=True)
             break
-        request = (src / "device" / "requests" / f"{n:04d}.json").read_bytes()
-        jobdir = src / p["jobdir"]
         wrap: list[str] = []
         log = out / f"{n:04d}.sanitizer.log"
         if p["stage"] == "sanitize":
             if exe is None:
                 continue
             wrap = [exe, "--tool", p["tool"], "--target-processes", "all", "--print-limit", "20", "--log-file", str(log)]
-        s = time.monotonic()
-        try:
-            c = subprocess.run([*wrap, *argv[p["agent"]], "run-stdio", str(jobdir)], input=request,
-                               capture_output=True, timeout=left + 30, cwd=str(src / "device"))
-            rc, stdout, stderr = c.returncode, c.stdout, c.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout, stderr = -9, exc.stdout or b"", f"timed out after {left + 30:.0f} s".encode()
-        (out / f"{n:04d}.bundle").write_bytes(stdout)
-        (out / f"{n:04d}.meta").write_text(json.dumps({"returncode": rc, "agent_ms": (time.monotonic() - s) * 1e3,
-                                                       "stderr": stderr.decode("utf-8", "replace")[-2000:]}))
-        print(f"job {n} {p['stage']} {p['who']} {p.get('tool') or p.get('round') or ''}: rc {rc}, "
-              f"{time.monotonic() - s:.1f} s", flush=True)
+        rc, took = run_request([*wrap, *argv[p["agent"]]], src, out, n, src / p["jobdir"], left + 30)
+        print(f"job {n} {p['stage']} {p['who']} {p.get('tool') or p.get('round') or ''}: rc {rc}, {took:.1f} s",
+              flush=True)
     print(f"{len(plan['jobs'])} jobs planned, {time.monotonic() - t0:.0f} s")
     return 0
 
@@ -241,9 +230,7 @@ def run(src: Path, out: Path, deadline_s: float) -> int:
 def verify(src: Path, out: Path, markdown: Path | None) -> int:
     sys.path.insert(0, str(ROOT))
     from edgetune import sanitizer as san
-    from edgetune.agent import validate
     from edgetune.agent.host import AgentClient
-    from edgetune.devices.base import Completed
     from edgetune.devices.inventory import DeviceSpec
     from edgetune.kernels import session as S
     from edgetune.kernels.device_measure import job_to_kernel_run
@@ -256,11 +243,7 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
         state = pickle.load(f)
     jobs = state["jobs"]
     client = AgentClient(DeviceSpec("replay", "local", {}))
-    try:
-        info = validate.info_dict((out / "info-native.json").read_bytes(), "the GPU machine")
-        fp = validate.clean_map(info.get("fingerprint"), "fingerprint")
-    except Exception as exc:  # noqa: BLE001 - the machine's info is reported, not trusted
-        fp = {"error": str(exc)}
+    _, fp = machine(out / "info-native.json")
     gpus = fp.get("gpus") or []
     sm = next((g.get("sm") for g in gpus if isinstance(g, dict) and g.get("sm")), None)
     if sm != plan["sm"]:
@@ -269,12 +252,7 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
     sanitizer = (out / "sanitizer.txt").read_text().strip() if (out / "sanitizer.txt").exists() else ""
 
     def result(n):
-        meta_p = out / f"{n:04d}.meta"
-        if not meta_p.exists():
-            return None
-        meta = json.loads(meta_p.read_text())
-        return client._collect(Completed(meta["returncode"], (out / f"{n:04d}.bundle").read_bytes(),
-                                         meta["stderr"].encode()), jobs[n], meta["agent_ms"])
+        return load_result(client, out, n, jobs[n])
 
     lines = [f"GPU machine: {json.dumps(gpus or 'no GPU reported')}; CPU {fp.get('cpu_model')}, "
              f"{fp.get('cores')} cores; compute-sanitizer: {sanitizer or 'absent'}", ""]

@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+
+from replay_common import load_result, machine, run_request, stage  # noqa: E402
 
 
 def prepare(out: Path, model_name: str, batches: list[int], rounds: int, budget_ms: float) -> int:
@@ -73,12 +76,7 @@ def prepare(out: Path, model_name: str, batches: list[int], rounds: int, budget_
                               warmup_ms=min(50.0, budget_ms / 4), timeout_s=600.0, memory_mb=None,
                               placement=True)
                     n = len(jobs)
-                    request = client.stage_job(job, out / "host")
-                    jobdir = f"{dev}/jobs/{n:04d}"
-                    # device paths relative to the job dir: the directory may sit anywhere on the GPU machine
-                    text = json.dumps(request).replace(f'"{dev}/', '"../../')
-                    (dev / "requests").mkdir(exist_ok=True)
-                    (dev / "requests" / f"{n:04d}.json").write_text(text)
+                    jobdir = stage(client, job, out / "host", dev, n)
                     jobs.append(job)
                     plan.append({"job": n, "batch": b, "round": rnd, "candidate": c.as_dict(), "label": c.label(),
                                  "jobdir": os.path.relpath(jobdir, out)})
@@ -104,29 +102,15 @@ def run(src: Path, out: Path) -> int:
     t0 = time.monotonic()
     for p in plan["jobs"]:
         n = p["job"]
-        request = (src / "device" / "requests" / f"{n:04d}.json").read_bytes()
-        jobdir = src / p["jobdir"]
-        s = time.monotonic()
-        try:
-            c = subprocess.run([sys.executable, str(agent), "run-stdio", str(jobdir)], input=request,
-                               capture_output=True, timeout=900, cwd=str(src / "device"))
-            rc, stdout, stderr = c.returncode, c.stdout, c.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout, stderr = -9, exc.stdout or b"", b"timed out after 900 s"
-        (out / f"{n:04d}.bundle").write_bytes(stdout)
-        (out / f"{n:04d}.meta").write_text(json.dumps({"returncode": rc, "agent_ms": (time.monotonic() - s) * 1e3,
-                                                       "stderr": stderr.decode("utf-8", "replace")[-2000:]}))
-        print(f"job {n} {p['label']} batch {p['batch']} round {p['round']}: rc {rc}, "
-              f"{time.monotonic() - s:.1f} s", flush=True)
+        rc, took = run_request([sys.executable, str(agent)], src, out, n, src / p["jobdir"], 900)
+        print(f"job {n} {p['label']} batch {p['batch']} round {p['round']}: rc {rc}, {took:.1f} s", flush=True)
     print(f"{len(plan['jobs'])} jobs in {time.monotonic() - t0:.0f} s")
     return 0
 
 
 def verify(src: Path, out: Path, markdown: Path | None) -> int:
     sys.path.insert(0, str(HERE.parents[2]))
-    from edgetune.agent import validate
     from edgetune.agent.host import AgentClient
-    from edgetune.devices.base import Completed
     from edgetune.devices.inventory import DeviceSpec
     from edgetune.measure import speedup, summarize
     from edgetune.results import placement_label
@@ -140,11 +124,7 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
         with open(src / "host" / f"workload-{b}.pkl", "rb") as f:
             wls[b] = pickle.load(f)
     client = AgentClient(DeviceSpec("replay", "local", {}))
-    try:
-        info = validate.info_dict((out / "info.json").read_bytes(), "the GPU machine")
-        fp = validate.clean_map(info.get("fingerprint"), "fingerprint")
-    except Exception as exc:  # noqa: BLE001 - the machine's info is reported, not trusted
-        fp = {"error": str(exc)}
+    info, fp = machine(out / "info.json")
     lines = [f"GPU machine: {json.dumps(fp.get('gpus') or 'no GPU reported')}; "
              f"CPU {fp.get('cpu_model')}, {fp.get('cores')} cores; onnxruntime "
              f"{json.dumps((info.get('runtimes') or {}).get('onnxruntime_providers')) if isinstance(info, dict) else '?'}",
@@ -152,9 +132,7 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
     by: dict[tuple[int, str], dict] = {}
     for p in plan["jobs"]:
         n, job, wl = p["job"], jobs[p["job"]], wls[p["batch"]]
-        meta = json.loads((out / f"{n:04d}.meta").read_text())
-        res = client._collect(Completed(meta["returncode"], (out / f"{n:04d}.bundle").read_bytes(),
-                                        meta["stderr"].encode()), job, meta["agent_ms"])
+        res = load_result(client, out, n, job)
         verdict = verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
                              timings_trusted=True, approximate=False)
         row = by.setdefault((p["batch"], p["label"]), {"candidate": p["candidate"], "samples": [], "ok": True,

@@ -104,6 +104,7 @@ static const char* kClassCode[] = {"crashed", "forbidden-exec", "forbidden-proce
  * is known, then adapt_spin's choice (params.spin_us fixes it) */
 #define JUDGE_SPIN_NS 0LL
 #define JUDGE_SPIN_FREE_CORE_NS 1000000LL
+#define JUDGE_SPIN_CUDA_NS 1000000000LL /* (the deadline and the child's death are still looked at every 4096 spins) */
 
 /* the shared control page */
 typedef struct {
@@ -349,7 +350,7 @@ static void rule_eq(bpf_prog* p, long nr, int arg, uint32_t val, uint32_t yes, u
   emit(p, (struct sock_filter)RET(no));
 }
 
-static void build_filter(bpf_prog* p, int stage2, pid_t me) {
+static void build_filter(bpf_prog* p, int stage2, pid_t me, int cuda) {
   p->n = 0;
   emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
   emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ET_AUDIT_ARCH, 1, 0));
@@ -454,8 +455,12 @@ static void build_filter(bpf_prog* p, int stage2, pid_t me) {
   rule_eq(p, SYS_rt_sigaction, 0, SIGSYS, SECCOMP_RET_KILL_PROCESS, A);
   /* a blocked SIGSYS (or SIGSEGV, ...) would turn a trap into a death without a record (glibc blocks
    * every signal around clone in posix_spawn and pthread_create): the handler emulates the call and
-   * keeps those unblocked */
-  rule(p, SYS_rt_sigprocmask, TRAP(CL_SIGMASK));
+   * keeps those unblocked. Not in CUDA mode: the driver's threads, started before the filter with
+   * every signal blocked, restore their mask with this call when they first run, which may be after
+   * the filter (TSYNC) on a busy machine; trapped with SIGSYS blocked, that would kill the process.
+   * There a kernel that blocks SIGSYS and then makes a forbidden call dies of SIGSYS: still
+   * forbidden-syscall, without the call's name. */
+  if (!cuda) rule(p, SYS_rt_sigprocmask, TRAP(CL_SIGMASK));
   static const long sys[] = {
       SYS_ptrace, SYS_process_vm_readv, SYS_process_vm_writev,
 #ifdef SYS_pidfd_open
@@ -992,7 +997,7 @@ static void child_main(judge_state* s, pid_t parent) {
   if (!prog) _exit(EXIT_SETUP);
   pid_t me = getpid();
   if (s->seccomp_ok) {
-    build_filter(prog, 0, me);
+    build_filter(prog, 0, me, s->cuda);
     /* CUDA: the driver's threads exist already; the filter is synchronized to them (TSYNC) */
     if (install_filter(prog, s->cuda)) child_fail(c, "seccomp");
   }
@@ -1051,7 +1056,7 @@ static void child_main(judge_state* s, pid_t parent) {
         /* stage 2: no file opened any more at all (CUDA: stage 1 stays, read-only opens allowed: the
          * driver's threads may still read /proc and /sys) */
         if (s->seccomp_ok && !s->cuda) {
-          build_filter(prog, 1, me);
+          build_filter(prog, 1, me, 0);
           if (install_filter(prog, 0)) {
             snprintf(c->msg, sizeof c->msg, "seccomp stage 2: %s", strerror(errno));
             rc = -1;
@@ -1180,7 +1185,11 @@ static void classify_death(judge_state* s) {
   if (WIFSIGNALED(st)) {
     int sig = WTERMSIG(st);
     if (sig == SIGSYS) { /* SECCOMP_RET_KILL_PROCESS: a kernel that went for SIGSYS's handler */
-      set_fault(s, "forbidden-syscall", "rt_sigaction (SIGSYS: the sandbox's handler)");
+      if (s->cuda) /* (or, CUDA mode, a trapped call with SIGSYS blocked: rt_sigprocmask is not trapped there) */
+        set_fault(s, "forbidden-syscall", "killed by SIGSYS: a forbidden call made with SIGSYS blocked, or "
+                  "rt_sigaction on SIGSYS (the sandbox's handler)");
+      else
+        set_fault(s, "forbidden-syscall", "rt_sigaction (SIGSYS: the sandbox's handler)");
       return;
     }
     const char* sn = sig_name(sig);
@@ -1429,11 +1438,12 @@ static int judge_load(backend* b, const backend_config* cfg, char* err, size_t e
     snprintf(s->cuda_driver, sizeof s->cuda_driver, "%s", drv ? drv : "libcuda.so.1");
     long long ord = 0;
     s->cuda_ordinal = param_int(cfg->params, "cuda_device", &ord) == 0 && ord >= 0 && ord < 64 ? (int)ord : 0;
-    /* the child's thread waits on the GPU, not on cores the timer would take: spin where there is a
-     * second core */
+    /* the kernel runs on the GPU, not on cores the timer would take: with 4 cores or more the timer
+     * spins through a whole call (a sleeping timer's wake-up would be on the kernel's clock), with 2-3
+     * for 1 ms, with 1 never */
     if (!s->spin_fixed) {
       s->spin_fixed = 1;
-      s->spin_ns = cpu_count() > 1 ? JUDGE_SPIN_FREE_CORE_NS : 0;
+      s->spin_ns = cpu_count() >= 4 ? JUDGE_SPIN_CUDA_NS : cpu_count() > 1 ? JUDGE_SPIN_FREE_CORE_NS : 0;
     }
   }
   if (check_elf(s, s->artifact, err, errlen)) return -1;

@@ -39,7 +39,9 @@ def cuda_kernel(body: str, extra: str = "") -> str:
 KERNELS = {
     "honest": cuda_kernel("gemm(in, out); return 0;"),
     "sleepy": cuda_kernel("gemm(in, out); struct timespec ts = {0, 2000000}; nanosleep(&ts, NULL); return 0;"),
-    "stale": cuda_kernel("static int calls; if (calls++ < 8) gemm(in, out); return 0;"),
+    # right for the agent's untimed calls (2 input sets, the repeat), then never again: every warm-up
+    # and timed call returns without writing (a count of calls, not of time: no race with the clock)
+    "stale": cuda_kernel("static int calls; if (calls++ < 3) gemm(in, out); return 0;"),
     "oob_write": cuda_kernel(f"gemm(in, out); ((float*)out[0].data)[{M * N} + 5] = 1.0f; return 0;"),
     "mutate": cuda_kernel("gemm(in, out); ((float*)in[0].data)[3] = 1.0f; return 0;"),
     "illegal": cuda_kernel("gemm(in, out); static int calls; if (++calls == 3) { uint32_t bad = 0x0BADADD5u;"

@@ -12,9 +12,13 @@ your own devices, through the same protocol, verifier and final rounds as edgetu
    command; exports that interpose libc/agent symbols are refused before anything runs;
 3. correctness at an odd-sized variant of the spec (every even dimension minus one), unless the
    kernel is shape-specialised (TVM module) or ``exact_shape`` is set;
+   CUDA kernels (``.cu``, on a device whose agent reports an NVIDIA GPU) run in the agent's CUDA
+   mode (device buffers with guard zones, the call + cuCtxSynchronize timed by the worker) and,
+   where the device has compute-sanitizer, once more under memcheck and racecheck (``_sanitize``);
 4. ``rounds`` interleaved rounds (``kernels.session.final_rounds``): every kernel still standing
    and every honest baseline form of the op the device can run (onnxruntime with constant and
-   runtime weights, numpy/BLAS, LiteRT/XNNPACK), rotating order, fresh inputs each round, every
+   runtime weights, numpy/BLAS, LiteRT/XNNPACK; on a GPU device onnxruntime's CUDA provider),
+   rotating order, fresh inputs each round, every
    run verified; a kernel that fails any check is out with its named failure;
 5. the verdict per kernel: correct or the first failure's code; speed against the strongest
    verified baseline form (per-round medians, t interval on per-round log ratios); fast_p = the

@@ -212,7 +212,8 @@ def backend_versions(backend):
     import numpy
 
     out = {"numpy": numpy.__version__}
-    mods = {"ort": ("onnxruntime",), "tflite": ("ai_edge_litert", "tflite_runtime"), "tvm-relax": ("tvm",)}
+    mods = {"ort": ("onnxruntime",), "tflite": ("ai_edge_litert", "tflite_runtime"), "tvm-relax": ("tvm",),
+            "tvm-kernel": ("tvm",)}
     for mod in mods.get(backend, ()):
         try:
             out[mod] = getattr(__import__(mod), "__version__", "unknown")
@@ -504,6 +505,74 @@ class TvmRelaxBackend:
         return [self.np.array(o.numpy()) for o in items]
 
 
+class TvmKernelBackend:
+    """A TVM-exported kernel (edgetune tune-kernels' artifacts: entry ``main``, inputs then outputs)
+    through the device's TVM runtime, on ``params.device`` "cpu" or "cuda" (edgetune tune-kernels
+    --gpu). Its tensors are the runtime's own at fixed addresses: each new input is copied in before
+    the timed run (stage), outputs are poisoned where they live and read back after it; on a GPU,
+    2 x 128 MiB are copied on the device before each run (no run finds its data in L2) and the
+    timed run ends with the device synchronized."""
+
+    FLUSH_BYTES = 128 << 20
+
+    def __init__(self, model_path, params, input_names, outputs):
+        import numpy as np
+        import tvm
+
+        if "num_threads" in params:
+            os.environ["TVM_NUM_THREADS"] = str(params["num_threads"])
+        device = params.get("device", "cpu")
+        if device not in ("cpu", "cuda"):
+            raise ValueError("params.device must be cpu or cuda")
+        self.np, self.tvm = np, tvm
+        self.dev = tvm.runtime.device(device, 0)
+        if not self.dev.exist:
+            raise RuntimeError("this device's TVM runtime has no %s device" % device)
+        lib = tvm.runtime.load_module(model_path)
+        self.fn = lib[params.get("entry", "main")]
+        self._lib = lib
+        self.outputs = outputs
+        self.outs = [self._tensor(np.full(o["shape"], np.nan, o["dtype"])) for o in outputs]
+        self.ins = None
+        self._flush = None
+        if device == "cuda":
+            half = np.zeros(self.FLUSH_BYTES // 4, np.float32)
+            self._flush = (self._tensor(half), self._tensor(half))
+        self.input_check = ("agent copy (uploaded to the %s before each run)" % device)
+
+    def _tensor(self, a):
+        tvm = self.tvm
+        if hasattr(tvm.runtime, "tensor"):
+            return tvm.runtime.tensor(a, self.dev)
+        return tvm.nd.array(a, self.dev)
+
+    def stage(self, inputs):
+        if self.ins is None:
+            self.ins = [self._tensor(a) for a in inputs]
+        else:
+            for t, a in zip(self.ins, inputs):
+                t.copyfrom(a)
+        if self._flush is not None:
+            self._flush[0].copyto(self._flush[1])
+        self.dev.sync()
+
+    def poison(self):
+        for t, o in zip(self.outs, self.outputs):
+            if self.np.dtype(o["dtype"]).kind == "f":
+                t.copyfrom(self.np.full(o["shape"], self.np.nan, o["dtype"]))
+        self.dev.sync()
+
+    def run(self, inputs):
+        self.fn(*self.ins, *self.outs)
+        self.dev.sync()  # the device's work is done when the run's time ends
+
+    def results(self):
+        return [self.np.array(t.numpy()) for t in self.outs]
+
+    def live(self):
+        return self.results()
+
+
 class AdapterBackend:
     """A user-supplied Python adapter (e.g. a vendor NPU runtime): the artifact is a .py file
     defining load(model_path, params) -> callable(list[np.ndarray]) -> list[np.ndarray]."""
@@ -536,7 +605,8 @@ class AdapterBackend:
         return self._last
 
 
-BACKENDS = {"ort": OrtBackend, "tflite": TfliteBackend, "tvm-relax": TvmRelaxBackend, "adapter": AdapterBackend}
+BACKENDS = {"ort": OrtBackend, "tflite": TfliteBackend, "tvm-relax": TvmRelaxBackend, "tvm-kernel": TvmKernelBackend,
+            "adapter": AdapterBackend}
 
 
 # --------------------------------------------------------------------------------------------- run

@@ -30,8 +30,8 @@ def tune_kernels_cmd(
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="kernel threads (default: the device's cores)"),
     max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="MODEL: tune only the N heaviest tasks"),
     gpu: bool = typer.Option(False, "--gpu", help="tune CUDA kernels for the device's NVIDIA GPU (its SM, from "
-                             "nvidia-smi; float16 matmuls get tensor-core schedules) instead of its CPU: this "
-                             "machine's GPU, through TVM's CUDA runtime"),
+                             "nvidia-smi; float16 matmuls get tensor-core schedules) instead of its CPU, run "
+                             "through the TVM runtime of the device's Python (TVM with CUDA there)"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
 ) -> None:

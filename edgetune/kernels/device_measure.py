@@ -162,7 +162,7 @@ class DeviceMeasure:
         self.jobs += 1
         inputs = [np.ascontiguousarray(x) for x in inputs]
         job = Job(
-            backend="tvm-kernel", artifact=Path(artifact_path), params={"num_threads": self.num_threads},
+            backend="tvm-kernel", artifact=Path(artifact_path), params=self.kernel_params(),
             input_names=[f"arg{k}" for k in range(len(inputs))], input_sets=[inputs],
             output_specs=[{"name": s.name, "dtype": s.dtype, "shape": [int(d) for d in s.shape]} for s in output_specs],
             budget_ms=self.budget_ms, warmup_ms=self.warmup_ms, min_iters=self.min_iters, max_iters=self.max_iters,
@@ -173,6 +173,10 @@ class DeviceMeasure:
         except DeviceError as exc:
             return KernelRun("error", f"device unavailable: {exc}")
         return job_to_kernel_run(res, inputs, output_specs)
+
+    def kernel_params(self) -> dict[str, Any]:
+        """The ``params`` of a kernel's job (the native agent: its thread pool size)."""
+        return {"num_threads": self.num_threads}
 
     def close(self) -> None:
         """Remove this run's kernels and job dirs from the device (the agent and inputs stay cached)."""
@@ -195,6 +199,50 @@ class DeviceMeasure:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class PythonTvmMeasure(DeviceMeasure):
+    """Kernels on the device's Python agent, through the device's own TVM runtime (its ``tvm-kernel``
+    backend), on ``device`` "cuda" (``edgetune tune-kernels --gpu``: TVM CUDA modules, which the
+    native agent cannot run) or "cpu". The whole agent protocol: fresh inputs per timed run, timed
+    runs' outputs kept and verified, the probe, the late-write check; on a GPU each new input
+    uploaded, outputs poisoned in GPU memory and 256 MiB copied on the device before each timed run
+    (no run finds its data in L2), the run timed with the device synchronized (host clock, as the
+    device's onnxruntime baselines are). Its own work dir next to the device's usual one."""
+
+    def __init__(self, spec: DeviceSpec, device: str = "cuda", budget_ms: float = 100.0, timeout_s: float = 60.0,
+                 **kwargs) -> None:
+        base = default_workdir(spec)
+        options = {k: v for k, v in spec.options.items() if k != "native"}
+        options["workdir"] = base.rstrip("/") + "-tvmkernels"
+        pspec = DeviceSpec(spec.name, spec.url, options)
+        super().__init__(spec, 1, budget_ms, timeout_s, client=AgentClient(pspec), **kwargs)
+        self.spec = pspec  # (a reconnect after a device error: the Python agent again)
+        self.device = device
+
+    def kernel_params(self) -> dict[str, Any]:
+        return {"device": self.device}
+
+    def check(self) -> str:
+        """The device's TVM version; UserInputError (one line) when its Python agent has no TVM or its
+        TVM cannot reach ``device``."""
+        from edgetune.errors import UserInputError
+
+        info = self.client.provision()
+        if info.agent != "python":
+            raise UserInputError(f"{self.spec.name}: no Python agent (python3 with numpy) for TVM kernels")
+        version = info.runtimes.get("tvm")
+        if not version:
+            raise UserInputError(f"{self.spec.name}: its Python has no TVM (the device runs the kernels through "
+                                 f"TVM's runtime: pip install apache-tvm there)")
+        c = self.client.transport.run([self.client._python(), "-c",  # noqa: SLF001 - the agent's interpreter
+                                       f"import tvm; print(bool(tvm.runtime.device({self.device!r}, 0).exist))"],
+                                      timeout=120)
+        if not (c.ok and c.text().strip().endswith("True")):
+            raise UserInputError(f"{self.spec.name}: its TVM ({version}) cannot run {self.device} kernels "
+                                 f"(tvm.runtime.device({self.device!r}, 0) does not exist: a TVM build without "
+                                 f"{self.device.upper()}, or no usable driver)")
+        return str(version)
 
 
 def job_to_kernel_run(res: JobResult, inputs: Sequence[np.ndarray], output_specs: Sequence[TensorSpec]) -> KernelRun:

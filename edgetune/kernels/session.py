@@ -898,15 +898,12 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
 
 def _gpu_target(cfg, spec, info):
     """(TVM target, roofline, kernel measurer) for ``--gpu``: the CUDA target of the SM the device's
-    agent reports (nvidia-smi), its tensor-core peak, and the CUDA worker on this machine (TVM's CUDA
-    runtime: CUDA events, L2 overwritten before each timed run, post-timing checks). One line, before
-    any tuning, for what cannot be served."""
-    from edgetune.kernels.measurement import CudaLocalMeasure
+    agent reports (nvidia-smi), its tensor-core peak, and the device's Python agent running the
+    kernels through the device's TVM runtime (``PythonTvmMeasure``: the whole agent protocol). One
+    line, before any tuning, for what cannot be served."""
+    from edgetune.kernels.device_measure import PythonTvmMeasure
     from edgetune.kernels.targets import TARGETS_DIR, gpu_peak_gflops, load_target
 
-    if spec.kind != "local":
-        raise UserInputError(f"--gpu tunes this machine's GPU (device local); {spec.name} is a {spec.kind} device: "
-                             f"a remote GPU's CUDA kernels are judged with edgetune judge (the README's GPU section)")
     sm = next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")), None)
     if sm is None:
         raise UserInputError(f"--gpu: {spec.name} reports no NVIDIA GPU (nvidia-smi)")
@@ -914,17 +911,13 @@ def _gpu_target(cfg, spec, info):
     if not (TARGETS_DIR / f"{name}.toml").exists():
         known = sorted(p.stem for p in TARGETS_DIR.glob("cuda-sm*.toml"))
         raise UserInputError(f"--gpu: no kernel target for {sm} (targets: {', '.join(known)})")
-    import tvm
-
+    kmeasure = PythonTvmMeasure(spec, "cuda", cfg.budget_ms, cfg.timeout_s, max_iters=20_000)
     try:
-        have_cuda = bool(tvm.cuda(0).exist)
-    except Exception:  # noqa: BLE001 - a TVM without its CUDA runtime raises or says no
-        have_cuda = False
-    if not have_cuda:
-        raise UserInputError(f"--gpu: this machine's TVM ({tvm.__version__}) cannot run CUDA kernels "
-                             f"(tvm.cuda(0) does not exist: a TVM build without CUDA, or no usable driver)")
-    return (dict(load_target(name).tvm_target), gpu_peak_gflops(sm),
-            CudaLocalMeasure(device="cuda", budget_ms=cfg.budget_ms, timeout_s=cfg.timeout_s))
+        kmeasure.check()
+    except BaseException:
+        kmeasure.close()
+        raise
+    return dict(load_target(name).tvm_target), gpu_peak_gflops(sm), kmeasure
 
 
 def _baseline_device(cfg, spec, measure, info, workloads) -> BaselineDevice:

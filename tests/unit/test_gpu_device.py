@@ -402,6 +402,48 @@ def test_float16_gemm_on_a_gpu_is_searched_in_the_tensor_core_space(sm):
         cu.with_suffix(".cubin").unlink(missing_ok=True)
 
 
+def test_kernels_on_the_python_agents_tvm_runtime_follow_the_whole_protocol(tmp_path):
+    """tune-kernels --gpu runs TVM kernels on the device's Python agent through the device's TVM
+    runtime (PythonTvmMeasure, the agent's tvm-kernel backend), since the native agent cannot run
+    TVM CUDA modules. Shown here on the CPU (device "cpu": the same backend, the same protocol): a
+    MetaSchedule search whose every trial is verified, timed runs' outputs included; a kernel that
+    leaves out one product fails; a device whose TVM lacks CUDA is one line."""
+    import tvm
+    from tvm import te
+
+    from edgetune.build.tvm_kernel import compile_module, export_module
+    from edgetune.devices.inventory import DeviceSpec
+    from edgetune.errors import UserInputError
+    from edgetune.kernels.device_measure import PythonTvmMeasure
+    from edgetune.kernels.measurement import verify_run
+    from edgetune.kernels.search import tune_workload
+    from edgetune.kernels.targets import host_target
+    from edgetune.kernels.workloads import parse_workload
+
+    spec = DeviceSpec("local", "local", {"workdir": str(tmp_path / "dev")})
+    w = parse_workload("gemm:M=24,N=16,K=20")
+    with PythonTvmMeasure(spec, "cpu", budget_ms=5.0, timeout_s=60.0) as m:
+        assert m.check()  # this machine's TVM reaches its CPU
+        out = tune_workload(w, host_target().tvm_target, 4, m, tmp_path / "db")
+        assert out.verified and out.trials_measured == 4 and all(r.status == "ok" for r in out.records), out.reason
+        assert m.client.provision().agent == "python"
+
+        # a kernel whose reduction leaves out the last k, exported as tune-kernels exports kernels
+        a = te.placeholder((24, 20), "float32", name="A")
+        b = te.placeholder((20, 16), "float32", name="B")
+        k = te.reduce_axis((0, 19), name="k")
+        c = te.compute((24, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+        wrong = export_module(compile_module(tvm.IRModule({"main": te.create_prim_func([a, b, c])}),
+                                             host_target().tvm_target), tmp_path / "wrong.so")
+        xs = w.random_inputs(3)
+        run = m(str(wrong), xs, list(w.outputs))
+        assert run.status == "ok" and not verify_run(run, w, xs, w.reference(xs)).ok
+        assert run.job.input_check.startswith("agent copy (uploaded to the cpu")
+    with pytest.raises(UserInputError, match="cannot run cuda kernels"):
+        with PythonTvmMeasure(spec, "cuda") as m:
+            m.check()
+
+
 def test_a_gpu_candidates_roofline_is_its_gpus_tensor_core_peak():
     """GPU candidates are not held to the CPU's roofline (they would all look impossible) but to
     the stated dense tensor-core peak of the SM the device reports: the fastest any precision its

@@ -121,12 +121,13 @@ def test_tune_kernels_local_then_reuse(tmp_path):
     (None, "--gpu: local reports no NVIDIA GPU (nvidia-smi)"),
     ("NVIDIA T4, 7.5, 580.1, 15360, 1590, 5001, 00000000:01:00.0", "no kernel target for sm_75 (targets: cuda-sm80, "
                                                                    "cuda-sm90)"),
-    ("NVIDIA H200, 9.0, 580.1, 143771, 1980, 3201, 00000000:19:00.0", "cannot run CUDA kernels"),
+    ("NVIDIA H200, 9.0, 580.1, 143771, 1980, 3201, 00000000:19:00.0", "cannot run cuda kernels"),
 ])
 def test_gpu_tuning_says_in_one_line_what_it_cannot_serve(tmp_path, monkeypatch, smi, needle):
     """--gpu on this machine: the SM comes from the device's agent (a fake nvidia-smi here); a device
-    without a GPU, an SM without a target and a TVM without CUDA are one line each, before any work.
-    (This machine's TVM has no CUDA runtime and it has no GPU: the tuning itself needs a GPU host.)"""
+    without a GPU, an SM without a target and a device whose TVM cannot reach CUDA are one line each,
+    before any work. (This machine's TVM has no CUDA runtime and it has no GPU: the tuning itself
+    needs a GPU device.)"""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     if smi:

@@ -168,7 +168,6 @@ typedef struct {
   int64_t last_ns;        /* RUN's round trip (the sample) */
   double event_sum_ns;    /* the events' sum and count (information) */
   long long event_n;
-  char gpu_name[128];
 } judge_state;
 
 static judge_state* g_js; /* one job per process */

@@ -215,7 +215,8 @@ class DeviceTuner:
             self._peak = device_peaks(self.client, info)
         int8 = bool(cand and cand.param_dict.get("precision") == "int8")  # its roofline: the int8 peak
         peak = self._peak[1 if int8 else 0]
-        if cand and cand.param_dict.get("execution_provider") in GPU_PROVIDERS:
+        if cand and (cand.param_dict.get("execution_provider") in GPU_PROVIDERS
+                     or cand.param_dict.get("device") == "cuda"):
             # a GPU candidate's roofline is its GPU's (stated tensor-core peak of its SM), not the CPU's
             sms = [g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict)]
             peak = max((p for p in map(gpu_peak_gflops, sms) if p), default=None)

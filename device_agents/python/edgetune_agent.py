@@ -459,7 +459,9 @@ class TfliteBackend:
 
 
 class TvmRelaxBackend:
-    """A Relax module exported by edgetune.build.tvm_relax, run in the TVM runtime's VM."""
+    """A Relax module exported by edgetune.build.tvm_relax, run in the TVM runtime's VM;
+    ``params.device`` "cuda": the model built for the GPU, its inputs uploaded before each timed run
+    (stage), the timed run ending with the device synchronized, outputs read back after it."""
 
     def __init__(self, model_path, params, input_names, outputs):
         import numpy as np
@@ -470,7 +472,15 @@ class TvmRelaxBackend:
             os.environ["TVM_NUM_THREADS"] = str(params["num_threads"])
         self.np = np
         self.tvm = tvm
-        dev = tvm.cpu(0)
+        device = params.get("device", "cpu")
+        if device not in ("cpu", "cuda"):
+            raise ValueError("params.device must be cpu or cuda")
+        dev = tvm.runtime.device(device, 0)
+        if not dev.exist:
+            raise RuntimeError("this device's TVM runtime has no %s device" % device)
+        self.gpu = device == "cuda"
+        if self.gpu:
+            self.input_check = "agent copy (uploaded to the cuda before each run)"
         self.dev = dev
         lib = tvm.runtime.load_module(model_path)
         self.vm = relax.VirtualMachine(lib, dev)
@@ -490,7 +500,21 @@ class TvmRelaxBackend:
     def poison(self):
         pass  # the VM allocates outputs itself
 
+    def stage(self, inputs):
+        if not self.gpu:
+            return  # (the CPU: copied in the timed run, as the VM's own inputs would be)
+        if self._args is None:
+            self._args = [self._tensor(a) for a in inputs]
+        else:
+            for t, a in zip(self._args, inputs):
+                t.copyfrom(a)
+        self.dev.sync()
+
     def run(self, inputs):
+        if self.gpu:
+            self._last = self.fn(*self._args)
+            self.dev.sync()  # the device's work is done when the run's time ends
+            return
         if self._cache_key is not inputs:
             self._args = [self._tensor(a) for a in inputs]
             self._cache_key = inputs

@@ -61,6 +61,17 @@ def device_target(info: AgentInfo) -> tuple[dict, str | None]:
     raise BuildFailed(f"no TVM target for architecture {arch}")
 
 
+def gpu_target(info: AgentInfo) -> dict | None:
+    """The TVM target of the device's first NVIDIA GPU (``targets/cuda-smXY.toml`` for the SM its agent
+    reports), or None: no GPU, or an SM without a target."""
+    from edgetune.kernels.targets import TARGETS_DIR
+
+    sm = next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")), None)
+    if not sm or not (TARGETS_DIR / f"cuda-{sm.replace('_', '')}.toml").exists():
+        return None
+    return dict(load_target(f"cuda-{sm.replace('_', '')}").tvm_target)
+
+
 def artifact_key(workload: Workload, info: AgentInfo, target: dict, cross_cc: str | None, tuned: bool,
                  trials: int) -> str:
     """The cache key of a tvm-relax / tvm-tuned artifact: model, shapes, target, device fingerprint,
@@ -97,10 +108,21 @@ class TvmRelaxSpace:
             return []
         cores = int(info.fingerprint.get("cores") or 1)
         params = {"trials": trials} if self.tuned else {}
-        return [Candidate.make(self.backend, {**params, "num_threads": n}) for n in thread_counts(cores)]
+        out = [Candidate.make(self.backend, {**params, "num_threads": n}) for n in thread_counts(cores)]
+        if not self.tuned and gpu_target(info) is not None:
+            # the model built for the device's GPU (TVM's default GPU schedules, DLight), run by the
+            # device's TVM runtime on it (tvm-tuned stays on the CPU: its kernels are measured by
+            # the native agent, which cannot run CUDA)
+            out.append(Candidate.make(self.backend, {"device": "cuda"}))
+        return out
 
     def _artifact(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path):
-        target, cross_cc = device_target(info)
+        if cand.param_dict.get("device") == "cuda":
+            target, cross_cc = gpu_target(info), None
+            if target is None:
+                raise BuildFailed("no CUDA target for this device's GPU")
+        else:
+            target, cross_cc = device_target(info)
         trials = int(cand.param_dict.get("trials", 0))
         try:
             key = artifact_key(workload, info, target, cross_cc, self.tuned, trials)
@@ -125,7 +147,8 @@ class TvmRelaxSpace:
         shapes = {k: list(v) for k, v in workload.input_shapes.items()}
         params = cand.param_dict
         trials = int(params.get("trials", 0))
-        run_params = {"num_threads": params.get("num_threads", 1)}
+        run_params = ({"device": "cuda"} if params.get("device") == "cuda"
+                      else {"num_threads": params.get("num_threads", 1)})
         if out.exists():
             return Prepared("tvm-relax", out, run_params)
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -444,6 +444,34 @@ def test_kernels_on_the_python_agents_tvm_runtime_follow_the_whole_protocol(tmp_
             m.check()
 
 
+def test_a_gpu_device_gets_a_tvm_cuda_build_of_the_model(tmp_path, agent):
+    """edgetune tune on a GPU device whose Python has TVM: besides the CPU builds, one tvm-relax
+    candidate is the model built here for the GPU's SM (TVM's default GPU schedules: the library
+    carries the CUDA source, which the device's TVM compiles when it loads it), run with device
+    "cuda"; tvm-tuned stays on the CPU. On a device whose TVM has no CUDA, the agent's VM backend
+    refuses the job in one line (this machine)."""
+    from edgetune.space.tvm_relax import SPACE, TUNED
+
+    model = load_model(build_tiny(tmp_path / "tiny.onnx"))
+    info = AgentInfo("python", "2.4.0", "x86_64", "3.11", {"tvm": "0.27.0", "onnxruntime": "1.20.1"},
+                     {"cores": 4, "gpus": [{"name": "NVIDIA H200", "sm": "sm_90"}]})
+    cands = SPACE.candidates(model, info)
+    gpu = [c for c in cands if c.param_dict.get("device") == "cuda"]
+    assert len(gpu) == 1 and len(cands) > 1
+    assert not [c for c in TUNED.candidates(model, info, trials=8) if c.param_dict.get("device")]
+    no_gpu = AgentInfo("python", "2.4.0", "x86_64", "3.11", {"tvm": "0.27.0"}, {"cores": 4})
+    assert not [c for c in SPACE.candidates(model, no_gpu) if c.param_dict.get("device")]
+    wl = build_workload(model, {"batch": 4})
+    prep = SPACE.prepare(gpu[0], wl, info, tmp_path / "cache")
+    assert prep.backend == "tvm-relax" and prep.params == {"device": "cuda"}
+    assert b"__global__" in prep.artifact.read_bytes()  # CUDA kernels inside
+    cpu = SPACE.prepare(next(c for c in cands if not c.param_dict.get("device")), wl, info, tmp_path / "cache")
+    assert cpu.artifact != prep.artifact and b"__global__" not in cpu.artifact.read_bytes()
+    outs = [{"name": "y", "dtype": "float32", "shape": [4, 8]}]
+    with pytest.raises(RuntimeError, match="no cuda device"):
+        agent.TvmRelaxBackend(str(prep.artifact), {"device": "cuda"}, ["x"], outs)
+
+
 def test_a_gpu_candidates_roofline_is_its_gpus_tensor_core_peak():
     """GPU candidates are not held to the CPU's roofline (they would all look impossible) but to
     the stated dense tensor-core peak of the SM the device reports: the fastest any precision its

@@ -297,9 +297,9 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         emulated = probe.emulated
         peak = None if emulated else measure.peak_gflops
         # a CUDA kernel's roofline is its GPU's (the SM's stated dense tensor-core peak), not the CPU's
-        from edgetune.kernels.targets import gpu_peak_gflops
+        from edgetune.kernels.targets import device_sm, gpu_peak_gflops
 
-        sm = _device_sm(info)
+        sm = device_sm(info.fingerprint)
         gpu_peak = None if emulated or sm is None else gpu_peak_gflops(sm)
 
         def kpeak(k: KernelFile):
@@ -582,12 +582,6 @@ def op_macros(w) -> list[str]:
     return [f"-DEDGETUNE_{w.op.upper()}_{k.upper()}={v}" for k, v in w.params().items() if k in keep]
 
 
-def _device_sm(info) -> str | None:
-    """The SM of the device's first GPU ("sm_90"), from its agent's fingerprint; None: no GPU."""
-    return next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")),
-                None)
-
-
 def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Sequence[str] = ()):
     """The binary judged on this device (built here for its architecture), or None with the
     kernel's failure recorded (build error, wrong architecture, interposed symbols, CUDA on a CPU)."""
@@ -599,7 +593,9 @@ def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Seque
     try:
         if k.kind == "cuda":
             # built for the device GPU's own SM (its fingerprint, from nvidia-smi), not nvcc's default
-            sm = _device_sm(info)
+            from edgetune.kernels.targets import device_sm
+
+            sm = device_sm(info.fingerprint)
             if sm is None:
                 res.fail("not-applicable", "a CUDA kernel: this device has no CUDA GPU")
                 return None

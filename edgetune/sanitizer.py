@@ -61,7 +61,7 @@ def wrap(exe: str, tool: str, log: str) -> list[str]:
 def parse(text: str, tool: str) -> Finding:
     """A compute-sanitizer report (its log file) as a named finding."""
     lines = [_PREFIX.sub("", ln).rstrip() for ln in text.splitlines()]
-    m = next((_SUMMARY[tool].search(ln) for ln in lines if _SUMMARY[tool].search(ln)), None)
+    m = next(filter(None, map(_SUMMARY[tool].search, lines)), None)
     if m is None:
         last = next((ln for ln in reversed(lines) if ln.strip()), "an empty report")
         return Finding(None, None, f"compute-sanitizer {tool} did not finish its report (last line: {last[:160]})",

@@ -5,7 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <dlfcn.h>
-#include <spawn.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,43 +232,26 @@ void et_fingerprint_json(sbuf* o, const et_fingerprint* fp) {
 
 /* ------------------------------------------------------------------ GPUs */
 
-extern char** environ;
-
-/* stdout of argv (found on PATH when argv[0] has no slash), at most cap-1 bytes; NULL if it did not run */
+/* stdout of argv (found on PATH when argv[0] has no slash), at most cap-1 bytes; NULL if it did not run.
+ * fork + execvp (not posix_spawn: Android has it from API 28 only, and the loader shares this file) */
 static char* run_capture(char* const argv[], size_t cap) {
-  char exe[4096];
-  if (strchr(argv[0], '/')) {
-    snprintf(exe, sizeof exe, "%s", argv[0]);
-  } else {
-    const char* path = getenv("PATH");
-    exe[0] = 0;
-    while (path && *path) {
-      const char* end = strchr(path, ':');
-      size_t n = end ? (size_t)(end - path) : strlen(path);
-      if (n && n < sizeof exe - 64) {
-        snprintf(exe, sizeof exe, "%.*s/%s", (int)n, path, argv[0]);
-        if (access(exe, X_OK) == 0) break;
-      }
-      exe[0] = 0;
-      path = end ? end + 1 : NULL;
-    }
-  }
-  if (!exe[0] || access(exe, X_OK)) return NULL;
   int fds[2];
   if (pipe(fds)) return NULL;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", 1 /* O_WRONLY */, 0);
-  pid_t pid;
-  int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (rc) {
+  pid_t pid = fork();
+  if (pid < 0) {
     close(fds[0]);
+    close(fds[1]);
     return NULL;
   }
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_WRONLY);
+    if (dup2(fds[1], 1) < 0 || (devnull >= 0 && dup2(devnull, 2) < 0)) _exit(127);
+    close(fds[0]);
+    close(fds[1]);
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  close(fds[1]);
   char* out = (char*)malloc(cap);
   size_t len = 0;
   ssize_t got;

@@ -458,6 +458,34 @@ class TfliteBackend:
         return [self.np.array(self.interp.get_tensor(d["index"])) for d in self.out_details]
 
 
+def _tvm_device(tvm, params):
+    """(name, TVM device) of ``params.device`` ("cpu" default, or "cuda"); raises when the device's
+    TVM runtime cannot reach it."""
+    device = params.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError("params.device must be cpu or cuda")
+    dev = tvm.runtime.device(device, 0)
+    if not dev.exist:
+        raise RuntimeError("this device's TVM runtime has no %s device" % device)
+    return device, dev
+
+
+def _tvm_tensor(tvm, a, dev):
+    if hasattr(tvm.runtime, "tensor"):
+        return tvm.runtime.tensor(a, dev)
+    return tvm.nd.array(a, dev)
+
+
+def _tvm_upload(tvm, tensors, arrays, dev):
+    """``arrays`` in the runtime's tensors at fixed addresses: new ones the first time (tensors None),
+    copied into the same ones after; returns them."""
+    if tensors is None:
+        return [_tvm_tensor(tvm, a, dev) for a in arrays]
+    for t, a in zip(tensors, arrays):
+        t.copyfrom(a)
+    return tensors
+
+
 class TvmRelaxBackend:
     """A Relax module exported by edgetune.build.tvm_relax, run in the TVM runtime's VM;
     ``params.device`` "cuda": the model built for the GPU, its inputs uploaded before each timed run
@@ -472,12 +500,7 @@ class TvmRelaxBackend:
             os.environ["TVM_NUM_THREADS"] = str(params["num_threads"])
         self.np = np
         self.tvm = tvm
-        device = params.get("device", "cpu")
-        if device not in ("cpu", "cuda"):
-            raise ValueError("params.device must be cpu or cuda")
-        dev = tvm.runtime.device(device, 0)
-        if not dev.exist:
-            raise RuntimeError("this device's TVM runtime has no %s device" % device)
+        device, dev = _tvm_device(tvm, params)
         self.gpu = device == "cuda"
         if self.gpu:
             self.input_check = "agent copy (uploaded to the cuda before each run)"
@@ -491,23 +514,13 @@ class TvmRelaxBackend:
 
     input_check = "agent copy (the VM's tensors are copied from the agent's buffers)"
 
-    def _tensor(self, a):
-        tvm = self.tvm
-        if hasattr(tvm.runtime, "tensor"):
-            return tvm.runtime.tensor(a, self.dev)
-        return tvm.nd.array(a, self.dev)
-
     def poison(self):
         pass  # the VM allocates outputs itself
 
     def stage(self, inputs):
         if not self.gpu:
             return  # (the CPU: copied in the timed run, as the VM's own inputs would be)
-        if self._args is None:
-            self._args = [self._tensor(a) for a in inputs]
-        else:
-            for t, a in zip(self._args, inputs):
-                t.copyfrom(a)
+        self._args = _tvm_upload(self.tvm, self._args, inputs, self.dev)
         self.dev.sync()
 
     def run(self, inputs):
@@ -515,12 +528,9 @@ class TvmRelaxBackend:
             self._last = self.fn(*self._args)
             self.dev.sync()  # the device's work is done when the run's time ends
             return
-        if self._cache_key is not inputs:
-            self._args = [self._tensor(a) for a in inputs]
-            self._cache_key = inputs
-        else:  # every run: the agent changes inputs in place
-            for t, a in zip(self._args, inputs):
-                t.copyfrom(a)
+        # every run: the agent changes inputs in place
+        self._args = _tvm_upload(self.tvm, self._args if self._cache_key is inputs else None, inputs, self.dev)
+        self._cache_key = inputs
         self._last = self.fn(*self._args)
 
     def results(self):
@@ -545,37 +555,22 @@ class TvmKernelBackend:
 
         if "num_threads" in params:
             os.environ["TVM_NUM_THREADS"] = str(params["num_threads"])
-        device = params.get("device", "cpu")
-        if device not in ("cpu", "cuda"):
-            raise ValueError("params.device must be cpu or cuda")
         self.np, self.tvm = np, tvm
-        self.dev = tvm.runtime.device(device, 0)
-        if not self.dev.exist:
-            raise RuntimeError("this device's TVM runtime has no %s device" % device)
+        device, self.dev = _tvm_device(tvm, params)
         lib = tvm.runtime.load_module(model_path)
         self.fn = lib[params.get("entry", "main")]
         self._lib = lib
         self.outputs = outputs
-        self.outs = [self._tensor(np.full(o["shape"], np.nan, o["dtype"])) for o in outputs]
+        self.outs = [_tvm_tensor(tvm, np.full(o["shape"], np.nan, o["dtype"]), self.dev) for o in outputs]
         self.ins = None
         self._flush = None
         if device == "cuda":
             half = np.zeros(self.FLUSH_BYTES // 4, np.float32)
-            self._flush = (self._tensor(half), self._tensor(half))
+            self._flush = (_tvm_tensor(tvm, half, self.dev), _tvm_tensor(tvm, half, self.dev))
         self.input_check = ("agent copy (uploaded to the %s before each run)" % device)
 
-    def _tensor(self, a):
-        tvm = self.tvm
-        if hasattr(tvm.runtime, "tensor"):
-            return tvm.runtime.tensor(a, self.dev)
-        return tvm.nd.array(a, self.dev)
-
     def stage(self, inputs):
-        if self.ins is None:
-            self.ins = [self._tensor(a) for a in inputs]
-        else:
-            for t, a in zip(self.ins, inputs):
-                t.copyfrom(a)
+        self.ins = _tvm_upload(self.tvm, self.ins, inputs, self.dev)
         if self._flush is not None:
             self._flush[0].copyto(self._flush[1])
         self.dev.sync()

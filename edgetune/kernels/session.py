@@ -902,13 +902,13 @@ def _gpu_target(cfg, spec, info):
     kernels through the device's TVM runtime (``PythonTvmMeasure``: the whole agent protocol). One
     line, before any tuning, for what cannot be served."""
     from edgetune.kernels.device_measure import PythonTvmMeasure
-    from edgetune.kernels.targets import TARGETS_DIR, gpu_peak_gflops, load_target
+    from edgetune.kernels.targets import TARGETS_DIR, cuda_target_name, device_sm, gpu_peak_gflops, load_target
 
-    sm = next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")), None)
+    sm = device_sm(info.fingerprint)
     if sm is None:
         raise UserInputError(f"--gpu: {spec.name} reports no NVIDIA GPU (nvidia-smi)")
-    name = "cuda-" + sm.replace("_", "")
-    if not (TARGETS_DIR / f"{name}.toml").exists():
+    name = cuda_target_name(sm)
+    if name is None:
         known = sorted(p.stem for p in TARGETS_DIR.glob("cuda-sm*.toml"))
         raise UserInputError(f"--gpu: no kernel target for {sm} (targets: {', '.join(known)})")
     kmeasure = PythonTvmMeasure(spec, "cuda", cfg.budget_ms, cfg.timeout_s, max_iters=20_000)

@@ -84,6 +84,18 @@ class KernelTarget:
         return replace(self, tvm_target=tt)
 
 
+def device_sm(fingerprint) -> str | None:
+    """The SM ("sm_90") of the first NVIDIA GPU an agent's fingerprint lists (nvidia-smi), or None."""
+    gpus = fingerprint.get("gpus") if isinstance(fingerprint, dict) else None
+    return next((g.get("sm") for g in gpus or [] if isinstance(g, dict) and g.get("sm")), None)
+
+
+def cuda_target_name(sm: str | None) -> str | None:
+    """The target file for SM ``sm`` ("cuda-sm90" for "sm_90") when targets/ has one, else None."""
+    name = "cuda-" + sm.replace("_", "") if sm else ""
+    return name if name and (TARGETS_DIR / f"{name}.toml").exists() else None
+
+
 @functools.lru_cache(maxsize=None)  # read once per SM: it is asked for every GPU candidate's verdict
 def gpu_peak_gflops(sm: str | None) -> float | None:
     """The fastest a GPU of SM version ``sm`` ("sm_90") can compute, of the targets that name it:

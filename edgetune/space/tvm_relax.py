@@ -24,7 +24,7 @@ from edgetune.build.tvm_relax import build_relax_model, tune_relax_model
 from edgetune.candidate import Candidate
 from edgetune.errors import EdgetuneError
 from edgetune.kernels.device_measure import DeviceMeasure
-from edgetune.kernels.targets import host_target, load_target
+from edgetune.kernels.targets import cuda_target_name, device_sm, host_target, load_target
 from edgetune.space import BuildFailed, Prepared
 from edgetune.space.ort import thread_counts
 from edgetune.workload import Model, Workload
@@ -64,12 +64,8 @@ def device_target(info: AgentInfo) -> tuple[dict, str | None]:
 def gpu_target(info: AgentInfo) -> dict | None:
     """The TVM target of the device's first NVIDIA GPU (``targets/cuda-smXY.toml`` for the SM its agent
     reports), or None: no GPU, or an SM without a target."""
-    from edgetune.kernels.targets import TARGETS_DIR
-
-    sm = next((g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict) and g.get("sm")), None)
-    if not sm or not (TARGETS_DIR / f"cuda-{sm.replace('_', '')}.toml").exists():
-        return None
-    return dict(load_target(f"cuda-{sm.replace('_', '')}").tvm_target)
+    name = cuda_target_name(device_sm(info.fingerprint))
+    return dict(load_target(name).tvm_target) if name else None
 
 
 def artifact_key(workload: Workload, info: AgentInfo, target: dict, cross_cc: str | None, tuned: bool,

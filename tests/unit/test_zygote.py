@@ -179,11 +179,15 @@ def test_a_changed_agent_file_or_import_time_environment_gets_a_fresh_process(ag
     res, _ = run(agent, request(tmp_path, tiny), env={"OMP_NUM_THREADS": "1"})
     assert isolation(res) == "fresh process"  # the zygote imported its runtimes under another value
     wait_gone(old)  # and it went: stale
-    run(agent, request(tmp_path, tiny))
+    # the rest under the same environment as that job: the zygote its client started is not stale for
+    # these clients (otherwise one of them starts another, which may read the agent file only after
+    # it changed below, and serve the changed file: a race), so the agent file is the one difference
+    omp = {"OMP_NUM_THREADS": "1"}
+    run(agent, request(tmp_path, tiny), env=omp)
     wait_zygote(agent)
     old = zygotes(agent)
     agent.write_bytes(agent.read_bytes() + b"\n# changed\n")
-    res, _ = run(agent, request(tmp_path, tiny))
+    res, _ = run(agent, request(tmp_path, tiny), env=omp)
     assert isolation(res) == "fresh process"
     wait_gone(old)
 

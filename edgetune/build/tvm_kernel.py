@@ -137,15 +137,39 @@ def _memoized_getmodule():
         inspect.getmodule = original
 
 
-def import_tensor_intrinsics() -> None:
-    """Import (register) TVM's tensor intrinsics, fast. MetaSchedule's TuneContext imports them
-    on first use; doing it here first turns that import into a no-op."""
-    import sys
+# TVM's tensor-intrinsic modules by target kind; the package's own __init__ imports them all, and
+# cuda.py alone parses ~200 TVMScript functions (3.4 s of the 5 s the whole import takes here)
+_INTRIN_MODULES = {"llvm": ("x86", "arm_cpu", "riscv_cpu"), "cuda": ("cuda",), "rocm": ("rocm",)}
+_ALL_INTRIN_MODULES = ("cuda", "x86", "arm_cpu", "rocm", "hexagon", "riscv_cpu")
 
-    if "tvm.s_tir.tensor_intrin" in sys.modules:
-        return
-    with _memoized_getmodule():
-        import tvm.s_tir.tensor_intrin  # noqa: F401
+
+def import_tensor_intrinsics(target: Any = None) -> None:
+    """Import (register) TVM's tensor intrinsics, fast: the modules of ``target``'s kind (all of them
+    without a target). MetaSchedule's TuneContext and builder ``import tvm.s_tir.tensor_intrin``
+    on first use; the package is registered here first, so that import is a no-op and a CPU search
+    does not pay for parsing the CUDA intrinsics (and a later CUDA search still gets them)."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    kind = target_kind(target) if target is not None else None
+    wanted = _INTRIN_MODULES.get(kind, _ALL_INTRIN_MODULES)
+    pkg_name = "tvm.s_tir.tensor_intrin"
+    if pkg_name not in sys.modules:
+        import tvm.s_tir  # noqa: F401  (the parent package, imported as usual)
+
+        spec = importlib.util.find_spec(pkg_name)
+        pkg = types.ModuleType(pkg_name, "Intrinsics for tensorization (registered by edgetune, per target kind)")
+        pkg.__spec__, pkg.__path__, pkg.__package__ = spec, list(spec.submodule_search_locations), pkg_name
+        pkg.__file__ = spec.origin
+        sys.modules[pkg_name] = pkg
+        sys.modules["tvm.s_tir"].tensor_intrin = pkg
+    missing = [m for m in wanted if f"{pkg_name}.{m}" not in sys.modules]
+    if missing:
+        with _memoized_getmodule():
+            for m in missing:
+                setattr(sys.modules[pkg_name], m, importlib.import_module(f"{pkg_name}.{m}"))
 
 
 def compile_module(mod, target):
@@ -156,7 +180,7 @@ def compile_module(mod, target):
 
     tgt = as_tvm_target(target)
     if tgt.kind.name != "llvm":
-        import_tensor_intrinsics()
+        import_tensor_intrinsics(tgt)
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.compile(mod, target=tgt)
 

@@ -126,7 +126,7 @@ def build_relax_model(
     counter: dict = {"tuned_functions": 0}
     try:
         if tuning_db_dir is not None:
-            import_tensor_intrinsics()
+            import_tensor_intrinsics(tgt)
             db = open_database(tuning_db_dir)
             with tgt, db, tvm.transform.PassContext(opt_level=3):
                 ex = relax.build(mod, target=tgt, relax_pipeline=_relax_pipeline(tgt, db, counter))

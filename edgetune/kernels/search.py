@@ -161,7 +161,7 @@ def tune_workload(
         raise UserInputError(f"trials must be >= 0, got {trials}")
     tgt = as_tvm_target(target)
     cc_name = resolve_cross_cc(tgt, cross_cc)
-    import_tensor_intrinsics()
+    import_tensor_intrinsics(tgt)
     quiet_metaschedule_console()
     root = Path(db_dir) if db_dir is not None else Path(tempfile.mkdtemp(prefix="edgetune-msdb-"))
     db_path = database_dir(root, fingerprint, tgt, cross_cc=cc_name, threads=getattr(measure, "num_threads", None))

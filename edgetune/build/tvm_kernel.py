@@ -157,7 +157,7 @@ def import_tensor_intrinsics(target: Any = None) -> None:
     wanted = _INTRIN_MODULES.get(kind, _ALL_INTRIN_MODULES)
     pkg_name = "tvm.s_tir.tensor_intrin"
     if pkg_name not in sys.modules:
-        import tvm.s_tir  # noqa: F401  (the parent package, imported as usual)
+        importlib.import_module("tvm.s_tir")  # the parent package, imported as usual
 
         spec = importlib.util.find_spec(pkg_name)
         pkg = types.ModuleType(pkg_name, "Intrinsics for tensorization (registered by edgetune, per target kind)")

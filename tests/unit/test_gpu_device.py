@@ -480,3 +480,31 @@ def test_a_gpu_candidates_roofline_is_its_gpus_tensor_core_peak():
 
     assert gpu_peak_gflops("sm_90") == 989_400.0 and gpu_peak_gflops("sm_80") == 312_000.0
     assert gpu_peak_gflops("sm_75") is None and gpu_peak_gflops(None) is None
+
+
+INTRINSICS_PER_TARGET = r"""
+import sys
+from tvm.s_tir import TensorIntrin
+from edgetune.build.tvm_kernel import import_tensor_intrinsics
+import_tensor_intrinsics({"kind": "llvm"})
+loaded = sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("tvm.s_tir.tensor_intrin."))
+print("cpu", ",".join(loaded))
+import tvm.s_tir.tensor_intrin  # what MetaSchedule does on first use: a no-op now
+print("cuda-loaded", "tvm.s_tir.tensor_intrin.cuda" in sys.modules)
+import_tensor_intrinsics({"kind": "cuda", "arch": "sm_80"})
+from tvm.s_tir.tensor_intrin.cuda import WMMA_SYNC_16x16x16_f16f16f32_INTRIN as W
+print("wmma", TensorIntrin.get(W) is not None)
+"""
+
+
+def test_tensor_intrinsics_are_registered_per_target_kind():
+    """A CPU search registers the CPU intrinsics only (parsing the CUDA ones took 3.4 s of every
+    tune-kernels start); a CUDA search later in the same process still gets the tensor-core ones."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", INTRINSICS_PER_TARGET], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = dict(line.split(" ", 1) for line in p.stdout.splitlines())
+    assert {"x86", "arm_cpu"} <= set(lines["cpu"].split(",")) and "cuda" not in lines["cpu"]
+    assert lines["cuda-loaded"] == "False" and lines["wmma"] == "True"

@@ -8,7 +8,7 @@ above 1.0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -84,9 +84,11 @@ def _bootstrap_medians(arr: np.ndarray, rng: np.random.Generator, resamples: int
 
 
 def summarize(samples: Sequence[float] | np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES) -> Stats:
+    """Figures of one set of samples; the CI bootstraps them as independent (see summarize_rounds
+    for samples that came in rounds). ``resamples=0``: no CI (the median for both ends)."""
     arr = _as_array(samples)
     med = float(np.median(arr))
-    if arr.size == 1:
+    if arr.size == 1 or resamples == 0:
         lo = hi = med
     else:
         rng = np.random.default_rng(BOOTSTRAP_SEED)
@@ -224,6 +226,18 @@ def grouped_speedup(pairs: Sequence[tuple[np.ndarray, np.ndarray]], resamples: i
         ratios[i] = np.median(bb) / np.median(cc)
     lo, hi = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
     return Ratio(value, *_cover(value, lo, hi))
+
+
+def summarize_rounds(groups: Sequence[np.ndarray]) -> Stats:
+    """Figures of samples that came in rounds (one process each): the pooled samples' figures, with
+    the median's CI from the rounds as the independent units (grouped_median_ci) when there are
+    several, never narrower than the median itself."""
+    groups = [g for g in groups if np.size(g)]
+    if len(groups) <= 1:
+        return summarize(groups[0] if groups else [])
+    stats = summarize(np.concatenate(groups), resamples=0)
+    lo, hi = grouped_median_ci(groups, resamples=500)
+    return replace(stats, ci_low_ns=min(lo, stats.median_ns), ci_high_ns=max(hi, stats.median_ns))
 
 
 def grouped_median_ci(groups: Sequence[np.ndarray], resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:

@@ -15,7 +15,7 @@ Figures and their standing:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ import numpy as np
 from edgetune.candidate import Candidate
 from edgetune.db import RecordRow, Store
 from edgetune.errors import UserInputError
-from edgetune.measure import MIN_VERDICT_ROUNDS, Ratio, Stats, grouped_median_ci, summarize
+from edgetune.measure import MIN_VERDICT_ROUNDS, Ratio, Stats, summarize_rounds
 from edgetune.select import (Confirmation, RaceRatio, confirm_index, confirmed_ratio, is_confirmation, race_field,
                              race_ratio, replay, selected, stored_round)
 
@@ -168,11 +168,7 @@ def _failure(recs: list[RecordRow]) -> tuple[str, str]:
 
 def _race_stats(use: list[RecordRow]) -> tuple[Stats | None, np.ndarray]:
     samples = np.concatenate([r.samples_ns for r in use]) if use else np.array([], dtype=np.int64)
-    stats = summarize(samples) if samples.size else None
-    groups = [r.samples_ns for r in use if r.samples_ns.size]
-    if stats is not None and len(groups) > 1:
-        lo, hi = grouped_median_ci(groups, resamples=500)
-        stats = replace(stats, ci_low_ns=min(lo, stats.median_ns), ci_high_ns=max(hi, stats.median_ns))
+    stats = summarize_rounds([r.samples_ns for r in use]) if samples.size else None
     return stats, samples
 
 
@@ -184,7 +180,7 @@ def _candidate(key: str, recs: list[RecordRow], conf: Confirmation) -> Candidate
     status, reason = _failure(recs)
     stats, samples = _race_stats(raced or race)
     counted = [r.samples_ns for r in confirm if confirm_index(r.round) in conf.rounds and r.samples_ns.size]
-    confirm_stats = (summarize(np.concatenate(counted)) if counted and key in conf.participants else None)
+    confirm_stats = summarize_rounds(counted) if counted and key in conf.participants else None
     phase = "confirmed" if confirm else ("final" if raced else "screened")
     return CandidateSummary(
         Candidate.from_dict(recs[0].candidate), status, reason, phase, [r.round for r in race], stats,

@@ -314,7 +314,7 @@ def _local_model() -> str | None:
     return _cpuinfo_model(_local_cpuinfo())
 
 
-def device_kernel_target(info: AgentInfo, cpuinfo: str = "") -> KernelTarget:
+def device_kernel_target(info: AgentInfo, cpuinfo: str = "", mcpu: bool = True) -> KernelTarget:
     """The KernelTarget (TVM target, cross compiler, peak) of the device ``info`` describes.
 
     * x86-64 with this host's CPU model and ISA flags (local, or a sandbox on this machine):
@@ -322,7 +322,8 @@ def device_kernel_target(info: AgentInfo, cpuinfo: str = "") -> KernelTarget:
     * other x86-64: host-x86_64.toml refined from the device's cpuinfo (no ``mcpu``: generic).
     * aarch64: linux-aarch64.toml (android-arm64.toml when the OS is Android) refined from the
       device's cpuinfo ``Features``; the TOML's ``+neon`` stays when the features are unreadable.
-    Cores and max clock come from the agent's fingerprint.
+    Cores and max clock come from the agent's fingerprint. ``mcpu=False``: the host's LLVM CPU name
+    is left out (enough for the peak figures, and TVM is not imported for it).
     """
     fp = info.fingerprint
     cores = int(fp.get("cores") or 0) or None
@@ -335,7 +336,7 @@ def device_kernel_target(info: AgentInfo, cpuinfo: str = "") -> KernelTarget:
         if same_cpu and cpuinfo:  # same model name is not enough: a hypervisor may mask features
             same_cpu = cpuinfo_features(cpuinfo, "x86_64") == cpuinfo_features(_local_cpuinfo(), "x86_64")
         if same_cpu:
-            t = host_target()
+            t = host_target(mcpu=mcpu)
             if cores:
                 t = replace(t.with_tvm_target(**{"num-cores": cores}), cores=cores)
             return t
@@ -365,7 +366,7 @@ def device_peaks(client: AgentClient, info: AgentInfo) -> tuple[float | None, fl
     """(fp32 peak GFLOP/s, int8 peak GOP/s) of the device, each None when unknown."""
     try:
         c = client.transport.run(["cat", "/proc/cpuinfo"], timeout=30)
-        t = device_kernel_target(info, c.text() if c.ok else "")
+        t = device_kernel_target(info, c.text() if c.ok else "", mcpu=False)
         return t.fp32_peak_gflops(), t.int8_peak_gops()
     except (UserInputError, DeviceError):
         return None, None

@@ -205,8 +205,10 @@ def refine_from_cpuinfo(
                    max_freq_ghz=ghz or target.max_freq_ghz, fma_lanes_per_cycle=lanes)
 
 
-def host_target(cpuinfo_path: str = "/proc/cpuinfo") -> KernelTarget:
-    """This machine as a kernel target (x86-64 or aarch64 Linux), refined from its cpuinfo."""
+def host_target(cpuinfo_path: str = "/proc/cpuinfo", mcpu: bool = True) -> KernelTarget:
+    """This machine as a kernel target (x86-64 or aarch64 Linux), refined from its cpuinfo; with
+    ``mcpu``, LLVM's name for this CPU in the TVM target (TVM is imported for it: ~1 s, which the
+    peak figures alone do not need)."""
     import os
     import platform
 
@@ -222,14 +224,15 @@ def host_target(cpuinfo_path: str = "/proc/cpuinfo") -> KernelTarget:
     except (OSError, ValueError, IndexError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    mcpu = None
-    try:
-        import tvm
+    cpu = None
+    if mcpu:
+        try:
+            import tvm
 
-        mcpu = str(tvm.target.codegen.llvm_get_system_cpu())
-    except Exception:  # noqa: BLE001 - TVM is optional for reading targets
-        pass
-    refined = refine_from_cpuinfo(base, text, cores=cores, max_freq_khz=freq, mcpu=mcpu)
+            cpu = str(tvm.target.codegen.llvm_get_system_cpu())
+        except Exception:  # noqa: BLE001 - TVM is optional for reading targets
+            pass
+    refined = refine_from_cpuinfo(base, text, cores=cores, max_freq_khz=freq, mcpu=cpu)
     if arch == "aarch64":
         tt = dict(refined.tvm_target)
         tt.pop("mtriple", None)  # native build

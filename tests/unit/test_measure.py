@@ -98,3 +98,21 @@ def test_round_ratio_t_interval_and_min_rounds():
     flip = [(np.full(20, 2e6), np.full(20, 1e6)), (np.full(20, 1e6), np.full(20, 2e6)),
             (np.full(20, 1.5e6), np.full(20, 1.4e6))]
     assert round_ratio(flip).verdict == "no significant difference"
+
+
+def test_summarize_rounds_takes_rounds_as_the_units():
+    """Samples of one process are correlated: three rounds 5% apart, 2,000 samples each, leave the
+    median uncertain by about that much, whatever the sample count says. The pooled bootstrap
+    claims a far narrower interval; summarize_rounds does not."""
+    from edgetune.measure import summarize_rounds
+
+    rng = np.random.default_rng(5)
+    groups = [rng.normal(level, 20.0, 2000) for level in (1000.0, 1050.0, 1100.0)]
+    pooled = summarize(np.concatenate(groups))
+    rounds = summarize_rounds(groups)
+    assert rounds.median_ns == pooled.median_ns and rounds.n == 6000
+    assert rounds.ci_high_ns - rounds.ci_low_ns > 5 * (pooled.ci_high_ns - pooled.ci_low_ns)
+    assert rounds.ci_low_ns <= rounds.median_ns <= rounds.ci_high_ns
+    # one round: the samples are all there is
+    one = summarize_rounds(groups[:1] + [np.array([])])
+    assert (one.ci_low_ns, one.ci_high_ns) == (summarize(groups[0]).ci_low_ns, summarize(groups[0]).ci_high_ns)

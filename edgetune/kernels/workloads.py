@@ -127,7 +127,9 @@ class OpWorkload(KernelWorkload):
             if value < lowest:
                 raise UserInputError(f"{self.op}: {f.name}={value} must be >= {lowest}")
         if self.dtype not in self.dtypes:
-            raise UserInputError(f"{self.op}: dtype {self.dtype!r} not supported ({', '.join(self.dtypes)})")
+            why = ("; TVM 0.27's MetaSchedule has no bfloat16 tensor-core intrinsics (float16, int8 and "
+                   "float8 only), so a bfloat16 search could not use tensor cores") if self.dtype in ("bfloat16", "bf16") else ""
+            raise UserInputError(f"{self.op}: dtype {self.dtype!r} not supported ({', '.join(self.dtypes)}){why}")
         for spec in self.outputs:
             if any(d < 1 for d in spec.shape):
                 raise UserInputError(f"{self.spec()}: output shape {spec.shape} is empty")

@@ -43,6 +43,7 @@ def test_parse_round_trip_and_stable_key():
     "spec, words",
     [
         ("gemm:M=1,N=2,K=3,Q=4", ["'Q'", "gemm"]),
+        ("gemm:M=1,N=2,K=3,dtype=bfloat16", ["bfloat16", "no bfloat16 tensor-core intrinsics"]),
         ("gemm:M=1,N=2", ["K", "missing"]),
         ("rmsnorm:N=3", ["'rmsnorm'", "unknown"]),
         ("gemm:M=one,N=2,K=3", ["'M'", "integer"]),

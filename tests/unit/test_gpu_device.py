@@ -344,10 +344,10 @@ def test_the_offline_judge_replay_stages_the_judges_plan_and_reads_it_back(tmp_p
 @pytest.mark.parametrize("sm", ["sm_80", "sm_90"])
 def test_float16_gemm_on_a_gpu_is_searched_in_the_tensor_core_space(sm):
     """tune-kernels' design space for a float16 GEMM (float32 accumulation and output) on sm_80/sm_90
-    is MetaSchedule's tensor-core space: schedules it samples use wmma fragments, and those that
-    TVM can lower compile with nvcc for that SM into mma instructions (what a GPU would time). A
-    float32 GEMM keeps the ordinary CUDA space. (TVM 0.27 fails to lower some tensor-core samples
-    with float32 accumulation; the search records those as build errors and goes on.)"""
+    is MetaSchedule's tensor-core space: the schedules it samples use wmma fragments, every one of
+    them lowers (with TVM's own rule set, 32 of 40 failed: see kernels.search._tensorcore_rules),
+    and they compile with nvcc for that SM (what a GPU would time). A float32 GEMM keeps the
+    ordinary CUDA space."""
     import subprocess
 
     import tvm
@@ -372,23 +372,24 @@ def test_float16_gemm_on_a_gpu_is_searched_in_the_tensor_core_space(sm):
                          num_threads=2)
     strategy = ctx.search_strategy
     strategy.pre_tuning(24, 12, ctx.space_generator.generate_design_space(w.ir_module()), None, None)
-    seen, built = set(), []
-    while len(built) < 1:
+    seen, built, failed = set(), [], []
+    while len(seen) < 8:
         cands = strategy.generate_measure_candidates()
         if not cands:
             break
         for c in cands:
-            if tvm_ffi.structural_hash(c.sch.mod) in seen or "wmma" not in str(c.sch.mod):
+            if tvm_ffi.structural_hash(c.sch.mod) in seen or len(seen) >= 8:
                 continue
             seen.add(tvm_ffi.structural_hash(c.sch.mod))
+            assert "wmma" in str(c.sch.mod)
             try:
                 built.append(compile_module(c.sch.mod, tgt).mod.imports[0].inspect_source())
-            except tvm.error.InternalError:  # (the lowering failure the docstring names)
-                continue
+            except tvm.error.InternalError as exc:
+                failed.append(str(exc).strip().splitlines()[-1][:200])
         strategy.notify_runner_results([], [ms.runner.RunnerResult([1.0], None) for _ in cands])
     strategy.post_tuning()
-    assert built, "no tensor-core schedule lowered"
-    src = built[0]
+    assert len(seen) == 8 and not failed, failed
+    src = built[-1]
     assert "wmma::mma_sync" in src and "wmma::fragment" in src
     cu = Path(f"/tmp/edgetune-tc-{sm}-{os.getpid()}.cu")
     cu.write_text(src)

@@ -196,8 +196,12 @@ class FormView:
 
     def __init__(self, w, constants: Mapping[int, np.ndarray] | None = None,
                  in_perm: Mapping[int, Sequence[int]] | None = None,
-                 out_perm: Mapping[int, Sequence[int]] | None = None, tag: str = ""):
+                 out_perm: Mapping[int, Sequence[int]] | None = None, tag: str = "",
+                 out_dtype: str | None = None):
         self.w = w
+        # a form whose outputs come back in another dtype than the operator's (the float16-output
+        # matmul forms): verified at that dtype's tolerance, against the same float64 reference
+        self.out_dtype = out_dtype
         self.constants = {int(k): np.asarray(v) for k, v in (constants or {}).items()}
         self.in_perm = {int(k): tuple(v) for k, v in (in_perm or {}).items()}
         self.out_perm = {int(k): tuple(v) for k, v in (out_perm or {}).items()}
@@ -211,7 +215,8 @@ class FormView:
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
-        return tuple(self._spec(s, self.out_perm.get(k)) for k, s in enumerate(self.w.outputs))
+        specs = tuple(self._spec(s, self.out_perm.get(k)) for k, s in enumerate(self.w.outputs))
+        return tuple(TensorSpec(s.name, s.shape, self.out_dtype) for s in specs) if self.out_dtype else specs
 
     @staticmethod
     def _spec(s: TensorSpec, perm) -> TensorSpec:
@@ -267,7 +272,8 @@ class FormView:
 class BaselineForm:
     """One honest form of the operator on the device: how it is run and how it is verified."""
 
-    key: str  # ort-constant | ort-runtime | ort-cuda-constant | ort-cuda-runtime | numpy | tflite
+    key: str  # ort-constant | ort-runtime | ort-cuda-constant | ort-cuda-runtime | ort-fp16-runtime |
+    #            ort-cuda-fp16-runtime | numpy | tflite
     label: str
     candidate: Candidate
     agent: str  # "native" (the kernel's agent) | "python"
@@ -277,7 +283,7 @@ class BaselineForm:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
+def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None, half_output: bool = False):
     """A one-node ONNX model computing operator workload ``w``, or None for ops without an ONNX form.
 
     ``constants`` {input index: array}: those inputs are initializers holding exactly these values
@@ -286,7 +292,10 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
     transposed batch_matmul operand, NHWC convolution through NCHW Conv), so onnxruntime's own
     optimizer may fuse them, as it would in a model. Attention is the graph an exported model has
     (MatMul(Q, Transpose(K)) · 1/sqrt(D) [+ causal mask] → Softmax → MatMul(V)), its scale and mask
-    initializers of the graph."""
+    initializers of the graph.
+
+    ``half_output`` (float16 matmuls only): the float16 MatMul as ONNX has it, float16 output, no
+    widening: on a GPU cuBLAS's tensor-core GEMM (float32 accumulation in onnxruntime's default)."""
     from onnx import TensorProto, helper, numpy_helper
 
     op = getattr(w, "op", None)
@@ -296,7 +305,10 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
     b = ins[1].name if len(ins) > 1 else None
     nodes = []
     extra = []  # initializers the graph itself needs (never operands of the kernel)
-    if op in ("gemm", "batch_matmul") and getattr(w, "dtype", "float32") != "float32":
+    half = op in ("gemm", "batch_matmul") and getattr(w, "dtype", "float32") == "float16"
+    if half_output and not half:
+        return None
+    if half and not half_output:
         # float16 operands, float32 accumulation and output: ONNX's MatMul of float16 returns float16,
         # so the operands are widened first (onnxruntime then runs a float32 MatMul)
         for name in (a, b):
@@ -368,8 +380,9 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None):
         if tuple(v.shape) != tuple(ins[k].shape):
             raise ValueError(f"constant {ins[k].name}: shape {v.shape}, expected {ins[k].shape}")
         inits.append(numpy_helper.from_array(v, ins[k].name))
+    out_specs = [TensorSpec(s.name, s.shape, "float16") for s in outs] if half_output else outs
     graph = helper.make_graph(nodes, op, [vi(s) for k, s in enumerate(ins) if k not in constants],
-                              [vi(s) for s in outs], initializer=inits + extra)
+                              [vi(s) for s in out_specs], initializer=inits + extra)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -684,12 +697,23 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
     cuda = {"execution_provider": "CUDAExecutionProvider", "io_binding": "device", "provider_options": {"use_tf32": "0"}}
     ort_forms = [("ort-constant", "onnxruntime, constant weights", dict(weights), "constant", "native", {}),
                  ("ort-runtime", "onnxruntime, runtime weights", {}, "runtime", "native", {})]
+    # float16 operands: the forms above widen them (a float32 GEMM, as the op's float32 output asks);
+    # the float16 MatMul with float16 output is raced too. On a GPU that is cuBLAS's tensor-core GEMM,
+    # the one a float16 kernel must beat (a widened float32 GEMM with TF32 off is no baseline for
+    # tensor cores). Its output is rounded to float16: verified at float16's tolerance, and it
+    # writes half the bytes the kernel writes, so it can only make the comparison harder.
+    half = op in ("gemm", "batch_matmul") and getattr(w, "dtype", "float32") == "float16"
+    half_forms = [("ort-fp16-runtime", "onnxruntime float16 MatMul (float16 output), runtime weights", {}, "runtime",
+                   "native", {})] if half else []
     if dev.gpus:  # (a CPU device: no GPU forms, and nothing to say about them)
         ort_forms += [("ort-cuda-constant", "onnxruntime CUDA (cuBLAS/cuDNN), constant weights", dict(weights),
                        "constant", "python", cuda),
                       ("ort-cuda-runtime", "onnxruntime CUDA (cuBLAS/cuDNN), runtime weights", {}, "runtime",
                        "python", cuda)]
-    for key, label, consts, kind, agent, params in ort_forms:
+        if half:
+            half_forms.append(("ort-cuda-fp16-runtime", "onnxruntime CUDA float16 MatMul (cuBLAS tensor cores, "
+                               "float16 output), runtime weights", {}, "runtime", "python", cuda))
+    for key, label, consts, kind, agent, params in ort_forms + half_forms:
         if kind == "constant" and not weights:
             skip(key, label, f"{op} has no weight operand (every input is an activation)")
             continue
@@ -699,14 +723,17 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         if agent == "python" and not dev.ort_cuda:
             skip(key, label, "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)")
             continue
-        model = op_onnx_model(w, consts)
+        fp16_out = "fp16" in key
+        model = op_onnx_model(w, consts, half_output=fp16_out)
         if model is None:
             skip(key, label, f"no ONNX form of {op}")
             continue
         path = workdir / f"{tag}-{key}.onnx"
         path.write_bytes(model.SerializeToString())
-        forms.append(BaselineForm(key, label, Candidate.make("ort", {"weights": kind, **params}, baseline=True),
-                                  agent, "ort", path, FormView(w, consts, tag=key), dict(params)))
+        cand = {"weights": kind, **params, **({"output": "float16"} if fp16_out else {})}
+        forms.append(BaselineForm(key, label, Candidate.make("ort", cand, baseline=True), agent, "ort", path,
+                                  FormView(w, consts, tag=key, out_dtype="float16" if fp16_out else None),
+                                  dict(params)))
 
     # numpy/BLAS, as a generated adapter on the Python agent
     src = numpy_adapter_source(w)

@@ -404,6 +404,9 @@ def test_float16_matmuls_are_held_to_float32_accumulation_and_so_are_their_forms
         forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
         assert {f.key for f in forms} >= {"ort-runtime", "numpy"}, skipped
         for f in forms:
+            if f.view.out_dtype == "float16":  # the float16 MatMul itself (test_a_float16_matmul_on_a_gpu_...)
+                continue
+
             class J:
                 backend, artifact, params, input_names, input_sets = (f.backend, f.artifact, f.params,
                                                                       [s.name for s in f.view.inputs],
@@ -462,6 +465,51 @@ def test_a_gpu_device_gets_onnxruntime_cuda_forms_and_a_cpu_device_none(tmp_path
     cpu = S.BaselineDevice(True, "", python=object(), num_threads=1, python_info=info(["CPUExecutionProvider"], []))
     forms, skipped = S.baseline_forms(w, weights, tmp_path, cpu)
     assert not [x for x in [*(f.key for f in forms), *(s["form"] for s in skipped)] if x.startswith("ort-cuda")]
+
+
+
+def test_a_float16_matmul_on_a_gpu_races_cublas_in_float16(tmp_path):
+    """A float16 GEMM (float32 accumulation and output) on a GPU device: besides the widened forms
+    (a float32 GEMM: no baseline for tensor cores), onnxruntime's float16 MatMul, float16 output,
+    runs on the CUDA provider (cuBLAS's tensor-core GEMM) and on the device's CPU. Its model has no
+    widening Cast, its output is float16, and the verifier holds it to float16's tolerance against
+    the same float64 reference; a float32 operator gets no such form."""
+    require_module("onnxruntime")
+    import onnx
+
+    from edgetune.verify import tolerance_for
+
+    info = type("Info", (), {"runtimes": {"onnxruntime_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]},
+                             "fingerprint": {"gpus": [{"name": "NVIDIA H200", "sm": "sm_90"}]}})()
+    gpu = S.BaselineDevice(True, "", python=object(), num_threads=1, python_info=info)
+    w = parse_workload("gemm:M=24,N=40,K=56,dtype=float16")
+    weights = S.final_weights(w)
+    forms, _ = S.baseline_forms(w, weights, tmp_path, gpu)
+    by = {f.key: f for f in forms}
+    assert {"ort-fp16-runtime", "ort-cuda-fp16-runtime", "ort-cuda-runtime", "ort-runtime"} <= set(by), set(by)
+    xs = S.final_inputs(w, 1, weights)
+    ref = w.reference(xs)
+    for key in ("ort-fp16-runtime", "ort-cuda-fp16-runtime"):
+        f = by[key]
+        assert f.candidate.param_dict["output"] == "float16" and [o.dtype for o in f.view.outputs] == ["float16"]
+        model = onnx.load(str(f.artifact))
+        assert [n.op_type for n in model.graph.node] == ["MatMul"]  # no widening
+        assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+
+        class J:
+            backend, artifact, params, input_names, input_sets = (f.backend, f.artifact, f.params,
+                                                                  [s.name for s in f.view.inputs], [f.view.to_form(xs)])
+        out = _execute(J)[0]
+        assert out.dtype == np.float16
+        # rounded to float16: outside float32's tolerance, inside float16's
+        err = np.abs(out.astype(np.float64) - ref[0]).max() / np.abs(ref[0]).max()
+        assert tolerance_for("float32").rtol < err < tolerance_for("float16").rtol, err
+    assert by["ort-cuda-fp16-runtime"].params["execution_provider"] == "CUDAExecutionProvider"
+    assert by["ort-fp16-runtime"].agent == "native" and by["ort-cuda-fp16-runtime"].agent == "python"
+    assert by["ort-fp16-runtime"].candidate.key() != by["ort-runtime"].candidate.key()
+    # a float32 GEMM: no float16 form
+    forms, skipped = S.baseline_forms(parse_workload(GEMM), S.final_weights(parse_workload(GEMM)), tmp_path, gpu)
+    assert not [k for k in [*(f.key for f in forms), *(x["form"] for x in skipped)] if "fp16" in k]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -233,9 +233,9 @@ def test_a_killed_client_stops_its_job_on_the_zygote(agent, tiny, tmp_path):
     p.stdin.close()
     zpid = zygotes(agent)[0]
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not _children(zpid):
+    while time.monotonic() < deadline and not _supervised_job(zpid):
         time.sleep(0.02)
-    job = _children(zpid)
+    job = _supervised_job(zpid)
     assert job, "the zygote took the job"
     time.sleep(0.3)
     p.kill()  # SIGKILL: no relay; the supervisor sees its client hang up
@@ -258,6 +258,19 @@ def _children(pid: int) -> list[int]:
             except (OSError, ValueError):
                 continue
     return out
+
+
+def _supervised_job(zpid: int) -> list[int]:
+    """The zygote's child that supervises a running worker, and that worker: not just any child of
+    the zygote (wait_zygote's probe connection leaves one that exits at once and stays a zombie
+    until the zygote's accept loop reaps it; taken for the job, it made the test look for the job
+    dir before the real supervisor had noticed its client's death)."""
+    for sup in _children(zpid):
+        if _alive(sup):
+            workers = [w for w in _children(sup) if _alive(w)]
+            if workers:
+                return [sup, *workers]
+    return []
 
 
 def _alive(pid: int) -> bool:

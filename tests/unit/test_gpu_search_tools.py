@@ -88,3 +88,33 @@ def test_verify_results_checks_returned_gpu_outputs_and_reports_every_baseline(t
     np.save(out / "k0_out.npy", wrong)
     assert vr.main(src, out) == 1
     assert "| gemm:M=64,N=48,K=32 | NO |" in capsys.readouterr().out
+
+
+def test_the_search_tool_samples_tensor_core_schedules_for_a_float16_gemm(tmp_path):
+    """The prepared GPU search for a float16 GEMM (float16 operands, float32 accumulation): its
+    candidates come from tune-kernels' tensor-core space, every one lowers, the kernel that is wrong
+    on purpose accumulates in float32 like the rest, and the manifest says the output is float32."""
+    require_module("tvm")
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import _TOOLS, require
+
+    require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
+    spec = "gemm:M=128,N=128,K=64,dtype=float16"
+    p = subprocess.run([sys.executable, str(_TOOLS / "gpu" / "search_cuda_kernels.py"), str(tmp_path),
+                        "--candidates", "3", "--specs", spec], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "did not build" not in p.stdout, p.stdout
+    (wk,) = json.loads((tmp_path / "search" / "manifest.json").read_text())
+    assert wk["spec"] == spec and wk["output"] == {"shape": [128, 128], "dtype": "float32"}
+    ids = [c["id"] for c in wk["candidates"]]
+    assert ids == ["dlight-default", "wrong-on-purpose", "ms0", "ms1", "ms2"], ids
+    traces = json.loads((tmp_path / "search-traces.json").read_text())
+    assert len(traces) == 3 and all("wmma" in t for t in traces.values())
+    assert all((tmp_path / "search" / c["so"]).stat().st_size > 0 for c in wk["candidates"])
+    assert len(list((tmp_path / "search").glob("*.fatbin"))) >= 4  # nvcc'd here for sm_90
+    a, b = (np.load(tmp_path / "search" / n) for n in wk["inputs"])
+    assert a.dtype == b.dtype == np.float16

@@ -5,7 +5,8 @@ For every workload of search/manifest.json: load each candidate (host-built fatb
 output (NaN), run, and keep float64 row and column sketches of the output (output @ rcol,
 rrow @ output, with the shipped ±1 vectors), its non-finite count and sha256; run again on a
 re-poisoned output (bitwise repeat) and check the inputs are unchanged. Then time every candidate
-and cuBLAS (cupy.matmul into a preallocated output, out=) in interleaved rounds: round r runs them all, each in blocks of up to 20
+and cuBLAS (cupy.matmul into a preallocated output, out=; float16 operands: a float16 output, the
+tensor-core GEMM) in interleaved rounds: round r runs them all, each in blocks of up to 20
 launches with a device sync per block. Full outputs of the fastest few per workload come back too.
 Writes search_results.json and those outputs to OUTDIR.
 """

@@ -3,11 +3,13 @@
 candidate for sm_90 here (no GPU needed), and lay out what the GPU machine needs to time them.
 
     .venv/bin/python tools/gpu/search_cuda_kernels.py .gpu --candidates 32
+    .venv/bin/python tools/gpu/search_cuda_kernels.py .gpu --candidates 16 --specs "gemm:M=1024,N=1024,K=1024,dtype=float16"
 Then on the GPU machine: bash tools/gpu/run_on_device.sh .gpu $OUT search ; then here:
     .venv/bin/python tools/gpu/verify_search.py .gpu OUTDIR
 
 Candidates per workload: TVM's default DLight schedule (the baseline the earlier check measured),
-N distinct schedules drawn from MetaSchedule's CUDA design space (ReplayTrace: random decisions,
+N distinct schedules drawn from tune-kernels' design space for the workload (MetaSchedule's CUDA
+space; for float16 operands its tensor-core space, edgetune.kernels.search) (ReplayTrace: random decisions,
 then MetaSchedule's postprocessors, VerifyGPUCode included, reject invalid ones), and one kernel
 that is wrong on purpose (its reduction skips the last k), which verification must reject. One
 generation, no cost model: the GPU machine is lent in minutes, and each evolutionary round would
@@ -30,19 +32,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from build_cuda_kernels import build_one  # noqa: E402
 
-from edgetune.build.tvm_kernel import as_tvm_target, default_schedule  # noqa: E402
+from edgetune.build.tvm_kernel import as_tvm_target, default_schedule, import_tensor_intrinsics  # noqa: E402
+from edgetune.kernels.search import design_space  # noqa: E402
 from edgetune.kernels.targets import load_target  # noqa: E402
 from edgetune.kernels.workloads import parse_workload  # noqa: E402
 
 SPECS = ["gemm:M=1024,N=1024,K=1024", "gemm:M=197,N=3072,K=768"]
 
 
-def sample_schedules(mod, tgt, n: int, seed: int) -> list:
-    """Up to ``n`` structurally distinct schedules from MetaSchedule's design space."""
+def sample_schedules(mod, tgt, n: int, seed: int, space="post-order-apply") -> list:
+    """Up to ``n`` structurally distinct schedules from MetaSchedule's design space ``space``
+    (tune-kernels' own for the workload: ``edgetune.kernels.search.design_space``)."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    ctx = ms.TuneContext(mod=mod, target=tgt, space_generator="post-order-apply",
+    # first, the fast way: TuneContext's own import of the intrinsics takes ~40 s in a process with
+    # many modules loaded (a pytest worker), where TVMScript's parser searches them all for each one
+    import_tensor_intrinsics(tgt)
+    ctx = ms.TuneContext(mod=mod, target=tgt, space_generator=space,
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="main",
                          rand_state=seed, num_threads=2)
     spaces = ctx.space_generator.generate_design_space(mod)
@@ -64,13 +71,15 @@ def sample_schedules(mod, tgt, n: int, seed: int) -> list:
 
 
 def broken_gemm(wl):
-    """C = A @ B with the last k left out: close to right, wrong everywhere by one product."""
+    """C = A @ B with the last k left out: close to right, wrong everywhere by one product (float16
+    operands: accumulated and written in float32, as the workload is)."""
     from tvm import te
 
+    acc = wl.outputs[0].dtype
     a = te.placeholder((wl.M, wl.K), wl.dtype, name="A")
     b = te.placeholder((wl.K, wl.N), wl.dtype, name="B")
     k = te.reduce_axis((0, wl.K - 1), name="k")
-    c = te.compute((wl.M, wl.N), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    c = te.compute((wl.M, wl.N), lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k), name="C")
     import tvm
 
     return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
@@ -81,6 +90,10 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--candidates", type=int, default=32, help="sampled schedules per workload")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--specs", default=";".join(SPECS),
+                    help="GEMMs to search, ';'-separated (e.g. gemm:M=1024,N=1024,K=1024,dtype=float16: "
+                         "float16 operands, float32 accumulation, sampled from the tensor-core space; on the "
+                         "GPU cuBLAS then runs the float16 GEMM with float16 output)")
     args = ap.parse_args()
     out: Path = args.out
     kdir = out / "search"
@@ -88,7 +101,8 @@ def main() -> int:
     tgt = as_tvm_target(load_target("cuda-sm90").tvm_target)
     manifest = []
     traces = {}
-    for w, spec in enumerate(SPECS):
+    specs = [x for x in args.specs.split(";") if x]
+    for w, spec in enumerate(specs):
         wl = parse_workload(spec)
         mod = wl.ir_module()
         inputs = wl.random_inputs(seed=100 + w)
@@ -101,7 +115,7 @@ def main() -> int:
         np.save(kdir / f"w{w}_rrow.npy", rng.choice([-1.0, 1.0], size=wl.M))
         # sample first, from a module nothing else has touched: after a DLight build in the same
         # process, the design space came out far smaller (8 distinct schedules instead of 40)
-        sampled = sample_schedules(mod, tgt, args.candidates, args.seed + w)
+        sampled = sample_schedules(mod, tgt, args.candidates, args.seed + w, space=design_space(tgt, wl))
         cands = [{"id": "dlight-default", "so": build_one(default_schedule(wl.ir_module(), tgt), tgt, kdir,
                                                           f"w{w}_default")},
                  {"id": "wrong-on-purpose", "expect_wrong": True,
@@ -116,7 +130,7 @@ def main() -> int:
             traces[f"w{w}:ms{i}"] = str(sch.trace)
         manifest.append({"spec": spec, "flops": wl.flops(), "inputs": names,
                          "sketch": {"col": f"w{w}_rcol.npy", "row": f"w{w}_rrow.npy"},
-                         "output": {"shape": [wl.M, wl.N], "dtype": wl.dtype}, "candidates": cands})
+                         "output": {"shape": [wl.M, wl.N], "dtype": wl.outputs[0].dtype}, "candidates": cands})
         print(f"built {spec}: {len(cands)} candidates")
     (kdir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     (out / "search-traces.json").write_text(json.dumps(traces))  # host-side record; not needed there

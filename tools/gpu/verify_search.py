@@ -131,6 +131,9 @@ def main() -> int:
                         "best_vs_default": [vs_def.value, vs_def.ci_low, vs_def.ci_high],
                         "best_vs_cublas": [vs_blas.value, vs_blas.ci_low, vs_blas.ci_high],
                         "rejections": {c["id"]: verdicts[c["id"]] for c in r["candidates"] if verdicts[c["id"]]}})
+    if any("dtype=float16" in wk["spec"] for wk in manifest):
+        print("cuBLAS on the float16 GEMMs: cupy.matmul of the float16 operands into a float16 output "
+              "(cuBLAS's tensor-core GEMM), against kernels that write float32")
     if args.json:
         args.json.write_text(json.dumps({"gpu": res["gpu"], "tvm": res["tvm"], "cupy": res["cupy"],
                                          "rounds": res["rounds"], "workloads": summary}, indent=1))

@@ -283,6 +283,11 @@ class BaselineForm:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+def _half_matmul(w) -> bool:
+    """A mixed-precision matmul: float16 operands, float32 accumulation and output."""
+    return getattr(w, "op", None) in ("gemm", "batch_matmul") and getattr(w, "dtype", "float32") == "float16"
+
+
 def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None, half_output: bool = False):
     """A one-node ONNX model computing operator workload ``w``, or None for ops without an ONNX form.
 
@@ -305,7 +310,7 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None, half_out
     b = ins[1].name if len(ins) > 1 else None
     nodes = []
     extra = []  # initializers the graph itself needs (never operands of the kernel)
-    half = op in ("gemm", "batch_matmul") and getattr(w, "dtype", "float32") == "float16"
+    half = _half_matmul(w)
     if half_output and not half:
         return None
     if half and not half_output:
@@ -702,7 +707,7 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
     # the one a float16 kernel must beat (a widened float32 GEMM with TF32 off is no baseline for
     # tensor cores). Its output is rounded to float16: verified at float16's tolerance, and it
     # writes half the bytes the kernel writes, so it can only make the comparison harder.
-    half = op in ("gemm", "batch_matmul") and getattr(w, "dtype", "float32") == "float16"
+    half = _half_matmul(w)
     half_forms = [("ort-fp16-runtime", "onnxruntime float16 MatMul (float16 output), runtime weights", {}, "runtime",
                    "native", {})] if half else []
     if dev.gpus:  # (a CPU device: no GPU forms, and nothing to say about them)
@@ -713,7 +718,8 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         if half:
             half_forms.append(("ort-cuda-fp16-runtime", "onnxruntime CUDA float16 MatMul (cuBLAS tensor cores, "
                                "float16 output), runtime weights", {}, "runtime", "python", cuda))
-    for key, label, consts, kind, agent, params in ort_forms + half_forms:
+    for (key, label, consts, kind, agent, params), fp16_out in ([(f, False) for f in ort_forms]
+                                                                 + [(f, True) for f in half_forms]):
         if kind == "constant" and not weights:
             skip(key, label, f"{op} has no weight operand (every input is an activation)")
             continue
@@ -723,7 +729,6 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         if agent == "python" and not dev.ort_cuda:
             skip(key, label, "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)")
             continue
-        fp16_out = "fp16" in key
         model = op_onnx_model(w, consts, half_output=fp16_out)
         if model is None:
             skip(key, label, f"no ONNX form of {op}")

@@ -273,11 +273,11 @@ class BaselineForm:
     """One honest form of the operator on the device: how it is run and how it is verified."""
 
     key: str  # ort-constant | ort-runtime | ort-cuda-constant | ort-cuda-runtime | ort-fp16-runtime |
-    #            ort-cuda-fp16-runtime | numpy | tflite
+    #            ort-cuda-fp16-runtime | numpy | torch | torch-compile | torch-cuda | torch-cuda-compile | tflite
     label: str
     candidate: Candidate
     agent: str  # "native" (the kernel's agent) | "python"
-    backend: str  # the agent backend: ort | adapter | tflite
+    backend: str  # the agent backend: ort | adapter | torch | tflite
     artifact: Path
     view: FormView
     params: dict[str, Any] = field(default_factory=dict)
@@ -644,6 +644,24 @@ def numpy_adapter_source(w) -> str | None:
     return _NUMPY_ADAPTER.format(spec=w.spec(), op=op, params=params, out_shape=list(w.outputs[0].shape))
 
 
+_TORCH_OPS = ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc", "softmax", "layernorm",
+              "attention")
+
+
+def torch_op_artifact(w) -> str | None:
+    """The Python agent's ``torch`` artifact of ``w`` (JSON: the operator by name and its parameters;
+    the agent holds PyTorch's form of each, so the job brings no code), or None."""
+    op = getattr(w, "op", None)
+    if op not in _TORCH_OPS:
+        return None
+    params = w.params()
+    if op == "layernorm":
+        from edgetune.kernels.workloads import LAYERNORM_EPS
+
+        params["eps"] = LAYERNORM_EPS
+    return json.dumps({"op": op, "params": params, "dtype": getattr(w, "dtype", "float32")}, sort_keys=True)
+
+
 @dataclass
 class BaselineDevice:
     """What the device offers the baseline forms: onnxruntime on the native agent, and the Python
@@ -666,6 +684,16 @@ class BaselineDevice:
         fp = getattr(self.python_info, "fingerprint", None)
         g = fp.get("gpus") if isinstance(fp, dict) else None
         return g if isinstance(g, list) else []
+
+    @property
+    def torch(self) -> str | None:
+        """The device's PyTorch version (Python agent), or None."""
+        return self.python_info.runtimes.get("torch") if self.python_info is not None else None
+
+    @property
+    def torch_cuda(self) -> bool:
+        """The device's PyTorch reaches its GPU (a CUDA build, a driver)."""
+        return bool(self.torch) and bool(self.python_info.runtimes.get("torch_cuda"))
 
     @property
     def ort_cuda(self) -> bool:
@@ -691,7 +719,7 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         reason = "no one-node form (fused task)"
         for key, label in (("ort-constant", "onnxruntime, constant weights"),
                            ("ort-runtime", "onnxruntime, runtime weights"), ("numpy", "numpy"),
-                           ("tflite", "LiteRT/XNNPACK")):
+                           ("torch", "PyTorch"), ("tflite", "LiteRT/XNNPACK")):
             skip(key, label, reason)
         return forms, skipped
 
@@ -752,6 +780,41 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         forms.append(BaselineForm("numpy", "numpy (float32, BLAS)",
                                   Candidate.make("numpy", {"weights": "runtime", "via": "adapter"}, baseline=True),
                                   "python", "adapter", path, FormView(w, {}, tag="numpy")))
+
+    # PyTorch (where the device has it): eager ATen (oneDNN/MKL on the CPU, cuBLAS/cuDNN on a GPU,
+    # preallocated outputs where the op has an out= form) and torch.compile (inductor). A float16
+    # matmul returns float16, like the float16 ONNX forms (verified at float16's tolerance).
+    # On the CPU, torch.compile of one matmul or convolution calls the same oneDNN/MKL routine as
+    # eager PyTorch (raced): said, not raced (a cold compile costs seconds per shape).
+    torch_forms = [("torch", "PyTorch eager (oneDNN/MKL)", "cpu", ""),
+                   ("torch-compile", "PyTorch torch.compile (inductor)", "cpu",
+                    "default" if op in ("softmax", "layernorm", "attention") else None)]
+    if dev.gpus:
+        torch_forms += [("torch-cuda", "PyTorch eager CUDA (cuBLAS/cuDNN)", "cuda", ""),
+                        ("torch-cuda-compile", "PyTorch torch.compile CUDA (inductor max-autotune: Triton "
+                         "templates and cuBLAS, the fastest it measured)", "cuda", "max-autotune-no-cudagraphs")]
+    src = torch_op_artifact(w)
+    for key, label, device, mode in torch_forms:
+        if half:
+            label += ", float16 output"
+        if dev.python is None:
+            skip(key, label, dev.python_reason or "no Python agent on the device")
+        elif not dev.torch:
+            skip(key, label, "no PyTorch on the device")
+        elif device == "cuda" and not dev.torch_cuda:
+            skip(key, label, f"the device's PyTorch {dev.torch} has no CUDA (a CPU build, or no driver)")
+        elif src is None:
+            skip(key, label, f"no PyTorch form of {op}")
+        elif mode is None:
+            skip(key, label, f"on the CPU, torch.compile of one {op} calls the same oneDNN/MKL routine as "
+                             "eager PyTorch (raced)")
+        else:
+            path = workdir / f"{tag}-torch.json"
+            path.write_text(src)
+            params = {"device": device, "compile": mode, **({"num_threads": dev.num_threads} if device == "cpu" else {})}
+            cand = {"weights": "runtime", **params, **({"output": "float16"} if half else {})}
+            forms.append(BaselineForm(key, label, Candidate.make("torch", cand, baseline=True), "python", "torch",
+                                      path, FormView(w, {}, tag=key, out_dtype="float16" if half else None), params))
 
     # LiteRT with its default XNNPACK delegate, from a .tflite written here
     label = "LiteRT/XNNPACK"

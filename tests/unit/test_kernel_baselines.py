@@ -10,6 +10,7 @@ is recorded and never used — never that anything is faster (timings here are s
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib.util
 from pathlib import Path
 
@@ -50,9 +51,27 @@ def _key_of(job) -> str:
     return "numpy" if job.backend == "adapter" else "tflite"
 
 
+AGENT = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
+
+
+def _agent_module():
+    spec = importlib.util.spec_from_file_location("edgetune_agent_baselines_test", AGENT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _execute(job) -> list[np.ndarray]:
     """Run the artifact the session built, on the inputs it sent, the way the agent's backend would."""
     xs = job.input_sets[0]
+    if job.backend == "torch":  # the agent's own backend class, as its run loop drives it
+        outs = [s.as_json() for s in job.outputs]
+        b = _agent_module().TorchBackend(str(job.artifact), job.params, job.input_names, outs)
+        work = [x.copy() for x in xs]
+        b.stage(work)
+        b.poison()
+        b.run(work)
+        return b.results()
     if job.backend == "ort":
         import onnxruntime as ort
 
@@ -510,6 +529,112 @@ def test_a_float16_matmul_on_a_gpu_races_cublas_in_float16(tmp_path):
     # a float32 GEMM: no float16 form
     forms, skipped = S.baseline_forms(parse_workload(GEMM), S.final_weights(parse_workload(GEMM)), tmp_path, gpu)
     assert not [k for k in [*(f.key for f in forms), *(x["form"] for x in skipped)] if "fp16" in k]
+
+
+TORCH_SPECS = [GEMM, DW, "batch_matmul:B=2,M=4,N=6,K=3", "batch_matmul:B=2,M=5,N=6,K=7,TB=1",
+               "conv2d_nchw:N=1,C=4,H=9,W=9,K=6,R=3,S=3,stride=2,pad=1", "conv2d_nchw:N=2,C=4,H=6,W=6,K=5,R=1,S=1",
+               "conv2d_nhwc:N=1,C=4,H=7,W=7,K=6,R=3,S=3,stride=1,pad=1", "softmax:M=10,N=33", "layernorm:M=10,N=33",
+               "attention:B=1,H=2,S=12,D=8,L=16,causal=1", "attention:B=2,H=2,S=9,D=8,causal=1",
+               "attention:B=1,H=3,S=7,D=4,L=11", "gemm:M=33,N=20,K=300,dtype=float16",
+               "batch_matmul:B=2,M=9,N=7,K=200,TB=1,dtype=float16"]
+
+
+def _torch_device(gpus=(), torch_cuda=None):
+    runtimes = {"torch": "2.13.0", **({"torch_cuda": torch_cuda} if gpus else {})}
+    info = type("Info", (), {"runtimes": runtimes, "fingerprint": {"gpus": list(gpus)} if gpus else {}})()
+    return S.BaselineDevice(True, "", python=object(), python_info=info, num_threads=1)
+
+
+def test_torch_forms_compute_every_operator_and_pass_the_verifier(tmp_path):
+    """Where the device has PyTorch, eager PyTorch is a form of every operator kind. Its artifact names
+    the operator (the agent holds PyTorch's form of it: a job brings no code), and each, run by the
+    agent's own backend class on the inputs the session sends, passes the real verifier against the
+    float64 reference; a float16 matmul returns float16 (held to float16's tolerance)."""
+    require_module("torch")
+    from edgetune.kernels.measurement import verify_run
+
+    dev = _torch_device()
+    for spec in TORCH_SPECS:
+        w = parse_workload(spec)
+        weights = S.final_weights(w)
+        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        by = {f.key: f for f in forms}
+        f = by["torch"]
+        assert (f.agent, f.backend, f.params["device"], f.params["compile"]) == ("python", "torch", "cpu", "")
+        doc = json.loads(f.artifact.read_text())
+        assert doc["op"] == w.op and set(doc) == {"op", "params", "dtype"}  # data, not code
+        half = getattr(w, "dtype", "float32") == "float16"
+        assert [o.dtype for o in f.view.outputs] == (["float16"] if half else [o.dtype for o in w.outputs])
+        if w.op in ("softmax", "layernorm", "attention"):
+            assert by["torch-compile"].params["compile"] == "default"
+        else:
+            assert "same oneDNN/MKL routine" in {x["form"]: x["reason"] for x in skipped}["torch-compile"]
+        assert not [k for k in [*by, *(x["form"] for x in skipped)] if k.startswith("torch-cuda")]  # a CPU device
+        xs = S.final_inputs(w, 1, weights)
+        ref = w.reference(xs)
+        fin = f.view.to_form(xs)
+
+        class J:
+            backend, artifact, params, input_names, input_sets, outputs = (
+                f.backend, f.artifact, f.params, [s.name for s in f.view.inputs], [fin], f.view.outputs)
+        outs = _execute(J)
+        assert [o.dtype for o in outs] == [np.dtype(o.dtype) for o in f.view.outputs], spec
+        run = KernelRun("ok", samples_ns=[1000] * 5, outputs=outs, repeat_outputs=[o.copy() for o in outs])
+        v = verify_run(run, f.view, fin, f.view.outputs_to_form(ref))
+        assert v.ok, (spec, v.reason)
+        if half:  # rounded to float16: outside float32's tolerance
+            from edgetune.verify import tolerance_for
+
+            err = np.abs(outs[0].astype(np.float64) - ref[0]).max() / np.abs(ref[0]).max()
+            assert err > tolerance_for("float32").rtol, (spec, err)
+    # a device without PyTorch: named unavailable, not raced
+    no_torch = S.BaselineDevice(True, "", python=object(), python_info=type("I", (), {"runtimes": {}})(),
+                                num_threads=1)
+    forms, skipped = S.baseline_forms(parse_workload(GEMM), S.final_weights(parse_workload(GEMM)), tmp_path, no_torch)
+    assert not [f for f in forms if f.backend == "torch"]
+    assert {x["form"]: x["reason"] for x in skipped}["torch"] == "no PyTorch on the device"
+
+
+def test_torch_compile_form_runs_compiled(tmp_path):
+    """The torch.compile form (softmax: inductor writes its own kernel) computes the operator through
+    a compiled function, and a wrong operator name in the artifact is refused at load."""
+    require_module("torch")
+    w = parse_workload("softmax:M=10,N=33")
+    forms, _ = S.baseline_forms(w, {}, tmp_path, _torch_device())
+    f = {f.key: f for f in forms}["torch-compile"]
+    xs = S.final_inputs(w, 1, {})
+
+    class J:
+        backend, artifact, params, input_names, input_sets, outputs = (
+            f.backend, f.artifact, f.params, [s.name for s in f.view.inputs], [xs], f.view.outputs)
+    (out,) = _execute(J)
+    ref = w.reference(xs)[0]
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"op": "__import__('os').system('true')", "params": {}}))
+    with pytest.raises(ValueError, match="must name an operator"):
+        _agent_module().TorchBackend(str(bad), {}, ["X"], [s.as_json() for s in w.outputs])
+
+
+def test_a_gpu_device_with_cuda_pytorch_races_eager_and_compiled_pytorch_on_the_gpu(tmp_path):
+    """On a GPU device whose PyTorch reaches the GPU: eager PyTorch on CUDA (cuBLAS/cuDNN) and
+    torch.compile with max-autotune (Triton templates against cuBLAS, the fastest it measured) are
+    forms; a CPU build of PyTorch on a GPU device is said, not raced."""
+    h200 = [{"name": "NVIDIA H200", "sm": "sm_90"}]
+    for spec in (GEMM, "gemm:M=24,N=40,K=56,dtype=float16", "softmax:M=10,N=33"):
+        w = parse_workload(spec)
+        forms, skipped = S.baseline_forms(w, S.final_weights(w), tmp_path, _torch_device(h200, "12.8"))
+        by = {f.key: f for f in forms}
+        assert by["torch-cuda"].params == {"device": "cuda", "compile": ""}
+        assert by["torch-cuda-compile"].params == {"device": "cuda", "compile": "max-autotune-no-cudagraphs"}
+        assert len({by[k].candidate.key() for k in ("torch", "torch-cuda", "torch-cuda-compile")}) == 3
+        if "float16" in spec:
+            assert by["torch-cuda"].view.out_dtype == "float16" and "float16 output" in by["torch-cuda"].label
+        forms, skipped = S.baseline_forms(w, S.final_weights(w), tmp_path, _torch_device(h200, None))
+        reasons = {x["form"]: x["reason"] for x in skipped}
+        assert not [f for f in forms if f.key.startswith("torch-cuda")]
+        assert reasons["torch-cuda"] == reasons["torch-cuda-compile"] == \
+            "the device's PyTorch 2.13.0 has no CUDA (a CPU build, or no driver)"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ and every case where the zygote cannot be trusted to be ours, runs in a fresh pr
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from edgetune.agent.host import PYTHON_AGENT
+from tests.conftest import require_module
 from tests.fixtures.tiny import build_tiny
 
 IDLE_S = "20"
@@ -160,6 +162,29 @@ def test_code_a_candidate_brings_and_opt_outs_run_fresh(agent, tiny, tmp_path):
     lib["params"] = {"custom_ops_library": "libx.so"}  # a hybrid's native code: never on the zygote
     res, _ = run(agent, lib)
     assert res["limits_enforced"]["isolation"] == "fresh process"
+
+
+def test_a_torch_operator_runs_on_the_zygote_and_its_imports_leave_no_trace(agent, tiny, tmp_path):
+    """A torch job names an operator the agent holds (no code comes with it), so it is a runtime
+    configuration: it runs on the zygote, which has PyTorch imported; what those imports set in the
+    zygote's own environment (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) does not make every client's
+    environment differ from it (a stale zygote would send every job back to a fresh process)."""
+    require_module("torch")
+    run(agent, request(tmp_path, tiny))
+    wait_zygote(agent)
+    (zpid,) = zygotes(agent)
+    art = tmp_path / "softmax.json"
+    art.write_text(json.dumps({"op": "softmax", "params": {"M": 4, "N": 16}, "dtype": "float32"}))
+    req = request(tmp_path, art, backend="torch", outputs=[{"name": "y", "dtype": "float32", "shape": [4, 16]}])
+    req["params"] = {"device": "cpu", "num_threads": 1}
+    for _ in range(2):
+        res, files = run(agent, req)
+        assert isolation(res) == "fork of the zygote", res
+        assert zygotes(agent) == [zpid]  # the same zygote: not stale
+    x = np.load(tmp_path / "x.npy").astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    y = np.load(io.BytesIO(files[res["outputs"][0][0]]))
+    assert np.abs(y - e / e.sum(axis=1, keepdims=True)).max() < 1e-6
 
 
 def wait_gone(pids: list[int], timeout: float = 20.0) -> None:

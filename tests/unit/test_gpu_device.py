@@ -307,8 +307,9 @@ def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_v
 def test_the_offline_judge_replay_stages_the_judges_plan_and_reads_it_back(tmp_path):
     """tools/gpu/judge_replay.py, all three steps on this GPU-less machine: the CUDA kernels built for
     sm_90, the judge's plan (odd-size checks, a sanitizer job per kernel and tool, rounds in the
-    rotating order with the GPU baseline forms) staged as requests with relative paths, run by the
-    agents as the GPU machine would (the native agent's CUDA mode, the Python agent's CUDA provider),
+    rotating order with the GPU baseline forms: onnxruntime's CUDA provider, eager and compiled
+    PyTorch on CUDA) staged as requests with relative paths, run by the agents as the GPU machine
+    would (the native agent's CUDA mode, the Python agent's CUDA provider and torch backend),
     and read back through validation, the verifier and final_rounds. Here the GPU cannot be opened:
     every kernel is out with the driver's error, no baseline has a figure, and the script exits 1."""
     import subprocess
@@ -326,7 +327,11 @@ def test_the_offline_judge_replay_stages_the_judges_plan_and_reads_it_back(tmp_p
     assert [(p["who"], p["tool"]) for p in plan["jobs"] if p["stage"] == "sanitize"] == \
         [(k, t) for k in kernels for t in ("memcheck", "racecheck")]
     rounds = [[p["who"] for p in plan["jobs"] if p.get("round") == r] for r in (1, 2)]
-    assert rounds[0] == [*kernels, "ort-cuda-constant", "ort-cuda-runtime"] and rounds[1] == rounds[0][1:] + rounds[0][:1]
+    assert rounds[0] == [*kernels, "ort-cuda-constant", "ort-cuda-runtime", "torch-cuda", "torch-cuda-compile"]
+    assert rounds[1] == rounds[0][1:] + rounds[0][:1]
+    torch_reqs = [json.loads(r.read_text()) for r in (src / "device" / "requests").iterdir() if '"torch"' in r.read_text()]
+    assert sorted({r["params"]["compile"] for r in torch_reqs}) == ["", "max-autotune-no-cudagraphs"]
+    assert {r["params"]["device"] for r in torch_reqs} == {"cuda"}
     for req in (src / "device" / "requests").iterdir():
         text = req.read_text()
         assert str(src) not in text

@@ -11,6 +11,8 @@ every baseline form of the same operator the device offers —
 * onnxruntime, constant weights (initializers: its path in a real model, prepacked weights),
 * onnxruntime, runtime weights (graph inputs, like the kernel),
 * numpy (float32, BLAS) through the Python agent's adapter backend,
+* eager PyTorch (oneDNN/MKL) through the Python agent's torch backend, where the host's Python has it
+  (and torch.compile for softmax, layernorm and attention),
 * LiteRT with XNNPACK (a one-op .tflite written here, NHWC for convolutions, constant weights),
 
 interleaved with a rotating order over ``--rounds`` rounds, fresh activations each round and the
@@ -42,7 +44,7 @@ WORKLOADS = {
     "dw3x3s2_mbv2": "depthwise_conv2d_nchw:N=1,C=96,H=56,W=56,R=3,S=3,stride=2,pad=1",
     "conv1x1_mbv2": "conv2d_nchw:N=1,C=144,H=56,W=56,K=24,R=1,S=1",
 }
-FORMS = ("ort-constant", "ort-runtime", "numpy", "tflite")
+FORMS = ("ort-constant", "ort-runtime", "numpy", "torch", "tflite")
 
 
 def _fmt_ratio(d) -> str:

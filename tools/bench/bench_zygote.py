@@ -10,6 +10,10 @@ its timed samples) and its session load; the overhead is wall time minus own run
 and their ratio.
 
     .venv/bin/python tools/bench/bench_zygote.py [--jobs 30] [--models mobilenet,transformer]
+
+``--torch-op SPEC`` (e.g. softmax:M=64,N=128) times the PyTorch baseline form of that operator
+instead (the Python agent's torch backend: eager, then torch.compile warm from the agent's cache),
+the same way: per job, the host's wall time, alternating zygote and fresh.
 """
 
 from __future__ import annotations
@@ -37,9 +41,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=30, help="jobs per mode and model")
     ap.add_argument("--models", default="mobilenet,transformer")
     ap.add_argument("--budget-ms", type=float, default=20.0)
+    ap.add_argument("--torch-op", default=None, help="time the PyTorch form of this operator spec instead")
     args = ap.parse_args()
     spec = Inventory().get("local")
     modes = {"zygote": spec, "fresh": dataclasses.replace(spec, options={**spec.options, "zygote": False})}
+    if args.torch_op:
+        return torch_jobs(modes, args.torch_op, args.jobs, args.budget_ms)
     tuners = {m: DeviceTuner(s, Store(":memory:"), TuneConfig(spaces=())) for m, s in modes.items()}
     print("| model | mode | jobs | wall ms | agent command ms | own timed runs ms | load ms | overhead beyond own runs ms |")
     print("|---|---|---|---|---|---|---|---|")
@@ -70,6 +77,50 @@ def main() -> int:
     for t in tuners.values():
         if t.client is not None:
             t.client.close()
+    return 0
+
+
+def torch_jobs(modes, op: str, jobs: int, budget_ms: float) -> int:
+    import tempfile
+
+    from edgetune.agent.host import AgentClient, Job
+    from edgetune.kernels.session import torch_op_artifact
+    from edgetune.kernels.workloads import parse_workload
+
+    w = parse_workload(op)
+    art = Path(tempfile.mkdtemp(prefix="bench-zygote-")) / "op.json"
+    art.write_text(torch_op_artifact(w) or "")
+    clients = {m: AgentClient(s) for m, s in modes.items()}
+    xs = w.random_inputs(1)
+    print(f"| {op} | mode | jobs | wall ms (median) |")
+    print("|---|---|---|---|")
+    for compile_mode in ("", "default"):
+        walls: dict[str, list[float]] = {m: [] for m in modes}
+        isolation: dict[str, set] = {m: set() for m in modes}
+        for i in range(jobs + 1):
+            for m in (modes if i % 2 == 0 else reversed(list(modes))):
+                job = Job(backend="torch", artifact=art, params={"device": "cpu", "compile": compile_mode,
+                                                                 "num_threads": 1},
+                          input_names=[s.name for s in w.inputs], input_sets=[xs],
+                          output_specs=[s.as_json() for s in w.outputs], budget_ms=budget_ms, warmup_ms=5.0)
+                t0 = time.perf_counter()
+                res = clients[m].run_job(job)
+                wall = (time.perf_counter() - t0) * 1e3
+                if res.status != "ok":
+                    print(f"{op} {m}: job failed: {res.reason}", file=sys.stderr)
+                    return 1
+                if i == 0:
+                    time.sleep(3.0)  # provisioning, a cold compile; the zygote starts after this job
+                    continue
+                walls[m].append(wall)
+                isolation[m].add(res.limits_enforced.get("isolation"))
+        label = "torch.compile" if compile_mode else "eager"
+        for m in modes:
+            print(f"| {label} | {m} ({', '.join(sorted(map(str, isolation[m])))}) | {len(walls[m])} | "
+                  f"{np.median(walls[m]):.0f} |")
+        print(f"| {label} | fresh / zygote | | {np.median(walls['fresh']) / np.median(walls['zygote']):.2f}× |")
+    for c in clients.values():
+        c.close()
     return 0
 
 

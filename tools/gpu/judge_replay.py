@@ -11,10 +11,11 @@ judge builds them); the native agent built for this host's architecture; per op,
 each kernel at the odd-sized variant (its first correctness check) and, under compute-sanitizer's
 memcheck and racecheck, once more; then ``--rounds`` rounds in the judge's rotating order of every
 kernel and every GPU baseline form (onnxruntime's CUDA provider, cuBLAS/cuDNN underneath, TF32 off,
-GPU-memory binding: ``kernels.session.baseline_forms`` on a device that has it), fresh inputs per
+GPU-memory binding; eager PyTorch on CUDA and torch.compile max-autotune: ``kernels.session.baseline_forms``
+on a device that has them), fresh inputs per
 round, the same weights everywhere. Each job is staged as the agent's request (AgentClient.stage_job)
 with paths relative to its job dir; the Job objects, the workloads and the forms stay in DIR/host.
-run (on the GPU machine: stdlib only, plus numpy and onnxruntime-gpu for the Python agent): both
+run (on the GPU machine: stdlib only, plus numpy, onnxruntime-gpu and PyTorch for the Python agent): both
 agents' ``info`` (the native one reports the GPU from nvidia-smi), then every request in order, the
 native agent's judge backend in CUDA mode for kernels, the Python agent for the forms, the sanitizer
 jobs under ``compute-sanitizer --tool T --target-processes all`` when the machine has it; every
@@ -49,8 +50,10 @@ DEFAULT_KERNELS = ("tests/judge_kernels_cuda",)
 
 
 def _device_info(sm: str):
-    """The device as a GPU machine with onnxruntime-gpu reports itself (for the baseline forms)."""
-    return type("Info", (), {"runtimes": {"onnxruntime_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]},
+    """The device as a GPU machine with onnxruntime-gpu and a CUDA build of PyTorch reports itself
+    (for the baseline forms; the lent GPU machines' python3 has both)."""
+    return type("Info", (), {"runtimes": {"onnxruntime_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                                          "torch": "cuda build", "torch_cuda": "yes"},
                              "fingerprint": {"gpus": [{"sm": sm}]}})()
 
 
@@ -155,9 +158,10 @@ def _gpu_forms(w, weights, workdir: Path, sm: str):
 
     bdev = S.BaselineDevice(False, "", python=object(), python_info=_device_info(sm), num_threads=1)
     forms, skipped = S.baseline_forms(w, weights, workdir, bdev)
+    gpu = ("ort-cuda", "torch-cuda")
     other = [{"form": f.key, "label": f.label, "status": "unavailable", "reason": "not in the GPU replay"}
-             for f in forms if not f.key.startswith("ort-cuda")]
-    return [f for f in forms if f.key.startswith("ort-cuda")], skipped + other
+             for f in forms if not f.key.startswith(gpu)]
+    return [f for f in forms if f.key.startswith(gpu)], skipped + other
 
 
 def _dedupe_inputs(dev: Path) -> None:

@@ -781,12 +781,12 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
                                   Candidate.make("numpy", {"weights": "runtime", "via": "adapter"}, baseline=True),
                                   "python", "adapter", path, FormView(w, {}, tag="numpy")))
 
-    # PyTorch (where the device has it): eager ATen (oneDNN/MKL on the CPU, cuBLAS/cuDNN on a GPU,
+    # PyTorch (where the device has it): eager ATen (oneDNN/BLAS on the CPU, cuBLAS/cuDNN on a GPU,
     # preallocated outputs where the op has an out= form) and torch.compile (inductor). A float16
     # matmul returns float16, like the float16 ONNX forms (verified at float16's tolerance).
-    # On the CPU, torch.compile of one matmul or convolution calls the same oneDNN/MKL routine as
+    # On the CPU, torch.compile of one matmul or convolution calls the same oneDNN/BLAS routine as
     # eager PyTorch (raced): said, not raced (a cold compile costs seconds per shape).
-    torch_forms = [("torch", "PyTorch eager (oneDNN/MKL)", "cpu", ""),
+    torch_forms = [("torch", "PyTorch eager (ATen: oneDNN/BLAS)", "cpu", ""),
                    ("torch-compile", "PyTorch torch.compile (inductor)", "cpu",
                     "default" if op in ("softmax", "layernorm", "attention") else None)]
     if dev.gpus:
@@ -806,8 +806,8 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
         elif src is None:
             skip(key, label, f"no PyTorch form of {op}")
         elif mode is None:
-            skip(key, label, f"on the CPU, torch.compile of one {op} calls the same oneDNN/MKL routine as "
-                             "eager PyTorch (raced)")
+            skip(key, label, f"on the CPU, torch.compile of one {op} calls the same oneDNN/BLAS routine as "
+                             "eager PyTorch, which is raced")
         else:
             path = workdir / f"{tag}-torch.json"
             path.write_text(src)

@@ -11,7 +11,7 @@ every baseline form of the same operator the device offers —
 * onnxruntime, constant weights (initializers: its path in a real model, prepacked weights),
 * onnxruntime, runtime weights (graph inputs, like the kernel),
 * numpy (float32, BLAS) through the Python agent's adapter backend,
-* eager PyTorch (oneDNN/MKL) through the Python agent's torch backend, where the host's Python has it
+* eager PyTorch (oneDNN/BLAS) through the Python agent's torch backend, where the host's Python has it
   (and torch.compile for softmax, layernorm and attention),
 * LiteRT with XNNPACK (a one-op .tflite written here, NHWC for convolutions, constant weights),
 

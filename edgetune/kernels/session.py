@@ -644,6 +644,8 @@ def numpy_adapter_source(w) -> str | None:
     return _NUMPY_ADAPTER.format(spec=w.spec(), op=op, params=params, out_shape=list(w.outputs[0].shape))
 
 
+COMPILE_ALLOWANCE_S = 600.0  # what a torch.compile form's job may take beyond --timeout, to compile
+
 _TORCH_OPS = ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc", "softmax", "layernorm",
               "attention")
 
@@ -1056,10 +1058,13 @@ def _run_form(form: BaselineForm, form_inputs: list[np.ndarray], measure, dev: B
     from edgetune.kernels.search import KernelRun
 
     view = form.view
+    # a torch.compile form compiles when its job loads (max-autotune on a GPU: minutes for a big
+    # GEMM the first time, then from the agent's cache); that is not a hang, and never timed
+    timeout = cfg.timeout_s + (COMPILE_ALLOWANCE_S if form.params.get("compile") else 0.0)
     job = Job(backend=form.backend, artifact=form.artifact, params=dict(form.params),
               input_names=[s.name for s in view.inputs], input_sets=[[x.copy() for x in form_inputs]],
               output_specs=[s.as_json() for s in view.outputs], budget_ms=cfg.budget_ms,
-              warmup_ms=min(50.0, max(5.0, cfg.budget_ms / 5)), max_iters=20_000, timeout_s=cfg.timeout_s)
+              warmup_ms=min(50.0, max(5.0, cfg.budget_ms / 5)), max_iters=20_000, timeout_s=timeout)
     if form.agent == "native":
         jr = measure.run_job(job)  # DeviceError propagates: the kernel's own device is gone
     else:

@@ -610,6 +610,21 @@ def test_torch_compile_form_runs_compiled(tmp_path):
     (out,) = _execute(J)
     ref = w.reference(xs)[0]
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+    # its job may take longer than --timeout to load (the compile is not a hang, and never timed)
+    jobs = []
+
+    class Recorder:
+        def run_job(self, job):
+            jobs.append(job)
+            from edgetune.agent.host import JobResult
+
+            return JobResult("error", "recorded")
+
+    dev = S.BaselineDevice(True, "", python=Recorder(), num_threads=1)
+    cfg = S.KernelSessionConfig(budget_ms=5.0, timeout_s=30.0)
+    for key in ("torch", "torch-compile"):
+        S._run_form({f.key: f for f in forms}[key], [xs[0]], None, dev, cfg)
+    assert [j.timeout_s for j in jobs] == [30.0, 30.0 + S.COMPILE_ALLOWANCE_S]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"op": "__import__('os').system('true')", "params": {}}))
     with pytest.raises(ValueError, match="must name an operator"):

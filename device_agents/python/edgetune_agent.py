@@ -2037,7 +2037,11 @@ def zygote_eligible(req):
     if not isinstance(req, dict) or req.get("fresh_process") or req.get("backend") not in ZYGOTE_BACKENDS:
         return False
     params = req.get("params")
-    return isinstance(params, dict) and "custom_ops_library" not in params and "adapter" not in params
+    if not isinstance(params, dict):
+        return False
+    if req.get("backend") == "torch" and params.get("device", "cpu") != "cpu":
+        return False  # CUDA and fork: a GPU job of PyTorch starts fresh, whatever its imports touched
+    return "custom_ops_library" not in params and "adapter" not in params
 
 
 def _loads(data):

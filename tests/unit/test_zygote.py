@@ -165,10 +165,11 @@ def test_code_a_candidate_brings_and_opt_outs_run_fresh(agent, tiny, tmp_path):
 
 
 def test_a_torch_operator_runs_on_the_zygote_and_its_imports_leave_no_trace(agent, tiny, tmp_path):
-    """A torch job names an operator the agent holds (no code comes with it), so it is a runtime
-    configuration: it runs on the zygote, which has PyTorch imported; what those imports set in the
-    zygote's own environment (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) does not make every client's
-    environment differ from it (a stale zygote would send every job back to a fresh process)."""
+    """A torch job names an operator the agent holds (no code comes with it), so on the CPU it is a
+    runtime configuration: it runs on the zygote, which has PyTorch imported; what those imports set
+    in the zygote's own environment (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) does not make every
+    client's environment differ from it (a stale zygote would send every job back to a fresh
+    process). A torch job on "cuda" starts fresh (CUDA does not survive a fork)."""
     require_module("torch")
     run(agent, request(tmp_path, tiny))
     wait_zygote(agent)
@@ -181,6 +182,9 @@ def test_a_torch_operator_runs_on_the_zygote_and_its_imports_leave_no_trace(agen
         res, files = run(agent, req)
         assert isolation(res) == "fork of the zygote", res
         assert zygotes(agent) == [zpid]  # the same zygote: not stale
+    gpu = dict(req, params={"device": "cuda"})  # CUDA and fork do not mix: fresh (and here: no CUDA)
+    fresh, _ = run(agent, gpu)
+    assert fresh["limits_enforced"]["isolation"] == "fresh process" and "has no CUDA device" in fresh["reason"], fresh
     x = np.load(tmp_path / "x.npy").astype(np.float64)
     e = np.exp(x - x.max(axis=1, keepdims=True))
     y = np.load(io.BytesIO(files[res["outputs"][0][0]]))

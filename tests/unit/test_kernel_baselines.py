@@ -54,8 +54,15 @@ def _key_of(job) -> str:
 AGENT = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
 
 
-def _agent_module():
-    spec = importlib.util.spec_from_file_location("edgetune_agent_baselines_test", AGENT)
+def _agent_module(workdir: Path):
+    """The Python agent, from a copy in ``workdir`` (W/agent/edgetune_agent.py, as a device has it:
+    torch.compile's caches go to W/cache, never into this repository)."""
+    import shutil
+
+    where = workdir / "agent" / "edgetune_agent.py"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(AGENT, where)
+    spec = importlib.util.spec_from_file_location("edgetune_agent_baselines_test", where)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -66,7 +73,8 @@ def _execute(job) -> list[np.ndarray]:
     xs = job.input_sets[0]
     if job.backend == "torch":  # the agent's own backend class, as its run loop drives it
         outs = [s.as_json() for s in job.outputs]
-        b = _agent_module().TorchBackend(str(job.artifact), job.params, job.input_names, outs)
+        b = _agent_module(Path(job.artifact).parent / "W").TorchBackend(str(job.artifact), job.params,
+                                                                        job.input_names, outs)
         work = [x.copy() for x in xs]
         b.stage(work)
         b.poison()
@@ -628,7 +636,7 @@ def test_torch_compile_form_runs_compiled(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"op": "__import__('os').system('true')", "params": {}}))
     with pytest.raises(ValueError, match="must name an operator"):
-        _agent_module().TorchBackend(str(bad), {}, ["X"], [s.as_json() for s in w.outputs])
+        _agent_module(tmp_path / "W").TorchBackend(str(bad), {}, ["X"], [s.as_json() for s in w.outputs])
 
 
 def test_a_gpu_device_with_cuda_pytorch_races_eager_and_compiled_pytorch_on_the_gpu(tmp_path):

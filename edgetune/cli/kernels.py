@@ -96,9 +96,16 @@ def _print_table(outcome) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from edgetune.kernels.targets import X86_MAX_BOOST_GHZ
+
     emu = bool(outcome.emulated)
     fp = outcome.fingerprint
-    peak = f"fp32 peak {outcome.peak_gflops:.1f} GFLOP/s" if outcome.peak_gflops else "fp32 peak unknown"
+    peak = "fp32 peak unknown"
+    if outcome.peak_gflops:
+        peak = f"fp32 peak {outcome.peak_gflops:.1f} GFLOP/s"
+        if getattr(outcome, "peak_is_bound", False):  # % peak is of that bound too
+            peak = (f"fp32 peak ≤ {outcome.peak_gflops:.1f} GFLOP/s (a bound: no cpufreq, so at {X86_MAX_BOOST_GHZ:g} "
+                    f"GHz, the fastest x86 boost clock)")
     title = (f"{outcome.device} ({fp.get('cpu_model')}, {fp.get('cores')} cores, {fp.get('arch')}"
              + (f", EMULATED: {outcome.emulated}" if emu else "") + f") — {peak} — run {outcome.run_id}")
     tag = " (emulated)" if emu else ""

@@ -114,12 +114,14 @@ class KernelSessionOutcome:
     results: list[KernelResult]
     db_path: str
     tuning_dir: str
+    peak_is_bound: bool = False  # the peak is at a bound clock (no cpufreq on an x86 guest), not the device's
 
     def as_dict(self) -> dict[str, Any]:
         return {"schema": "edgetune.kernels/1", "run_id": self.run_id, "device": self.device,
                 "fingerprint_key": self.fingerprint_key, "fingerprint": self.fingerprint,
                 "emulated": self.emulated, "timings": "emulated" if self.emulated else "device",
                 "target": self.target, "cross_cc": self.cross_cc, "fp32_peak_gflops": self.peak_gflops,
+                "fp32_peak_is_bound": self.peak_is_bound,
                 "db": self.db_path, "tuning_dir": self.tuning_dir,
                 "workloads": [r.as_dict() for r in self.results]}
 
@@ -919,6 +921,7 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
     try:
         probe = measure.probe()
         info = probe.info
+        peak_bound = False
         if cfg.gpu:
             target, peak, kmeasure = _gpu_target(cfg, spec, info)
             cross_cc = None
@@ -931,6 +934,7 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
 
                 resolve_cross_cc(target, cross_cc)  # ToolchainError (one line) before any tuning
             peak = None if probe.emulated else kt.fp32_peak_gflops()
+            peak_bound = kt.clock_is_bound
         if model is not None:
             from edgetune.kernels.workloads import extract_onnx_tasks
 
@@ -982,7 +986,7 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
             results.append(res)
             emit({"event": "done", "name": name, "result": res})
         outcome = KernelSessionOutcome(run_id, spec.name, fp_key, fp, probe.emulated, target, cross_cc, peak,
-                                       results, str(store.path), str(tuning_dir))
+                                       results, str(store.path), str(tuning_dir), peak_is_bound=peak_bound)
         store.finish_run(run_id, {"kind": "kernels", **outcome.as_dict()})
         return outcome
     finally:

@@ -74,6 +74,8 @@ def test_tune_kernels_local_then_reuse(tmp_path):
     assert w["gflops"] == pytest.approx(2 * 16 ** 3 / w["median_ns"])
     if out["fp32_peak_gflops"]:
         assert w["peak_pct"] == pytest.approx(100 * w["gflops"] / out["fp32_peak_gflops"])
+    # the peak is this machine's own only where cpufreq gives its maximum clock; else a bound
+    assert out["fp32_peak_is_bound"] == (not out["fingerprint"].get("max_freq_khz"))
     # the tuning database lives under EDGETUNE_HOME, keyed by the device fingerprint
     tuning = Path(out["tuning_dir"])
     assert tuning == home / "kernels" and any(p.name.startswith(out["fingerprint_key"]) for p in tuning.iterdir())

@@ -761,7 +761,9 @@ class TorchBackend:
         else:
             self.fn = forward
         dt = {"float32": torch.float32, "float16": torch.float16}
-        self.outs = [torch.full(o["shape"], float("nan"), dtype=dt[o["dtype"]], device=self.dev) for o in outputs]
+        # (compiled: inductor's own output buffers, no preallocated ones)
+        self.outs = [] if mode else [torch.full(o["shape"], float("nan"), dtype=dt[o["dtype"]], device=self.dev)
+                                     for o in outputs]
         self.ins = None
         self._key = None
         self._last = None
@@ -781,7 +783,7 @@ class TorchBackend:
                 self._key = inputs
             return
         if self.ins is None:
-            self.ins = [torch.empty(a.shape, dtype=torch.from_numpy(a[:0]).dtype, device=self.dev) for a in inputs]
+            self.ins = [torch.empty_like(torch.from_numpy(a), device=self.dev) for a in inputs]
         for t, a in zip(self.ins, inputs):
             t.copy_(torch.from_numpy(a))
         self._flush[1].copy_(self._flush[0])
@@ -796,9 +798,7 @@ class TorchBackend:
         if self.gpu:
             self.torch.cuda.synchronize()
 
-    def run(self, inputs):
-        if self.ins is None or (not self.gpu and self._key is not inputs):
-            self.stage(inputs)
+    def run(self, inputs):  # (the agent stages every run's inputs first)
         # the last run's own output tensors go first (an op without an out= form allocates anew):
         # held across the call, each call would take fresh pages from the OS (4.9 ms instead of
         # 1.8 ms for a 1.8 MB output, measured); the preallocated outputs stay where they are

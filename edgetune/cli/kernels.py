@@ -103,7 +103,7 @@ def _print_table(outcome) -> None:
     peak = "fp32 peak unknown"
     if outcome.peak_gflops:
         peak = f"fp32 peak {outcome.peak_gflops:.1f} GFLOP/s"
-        if getattr(outcome, "peak_is_bound", False):  # % peak is of that bound too
+        if outcome.peak_is_bound:  # % peak is of that bound too
             peak = (f"fp32 peak ≤ {outcome.peak_gflops:.1f} GFLOP/s (a bound: no cpufreq, so at {X86_MAX_BOOST_GHZ:g} "
                     f"GHz, the fastest x86 boost clock)")
     title = (f"{outcome.device} ({fp.get('cpu_model')}, {fp.get('cores')} cores, {fp.get('arch')}"

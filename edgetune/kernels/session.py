@@ -632,38 +632,43 @@ def load(model_path, params):
 '''
 
 
-def numpy_adapter_source(w) -> str | None:
-    """A Python adapter (the Python agent's ``adapter`` backend) computing ``w`` in numpy, or None."""
+# the operator kinds the generated forms (numpy, PyTorch) compute
+_FORM_OPS = ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc", "softmax", "layernorm",
+             "attention")
+
+
+def _form_params(w) -> dict[str, Any] | None:
+    """``w``'s parameters as a generated form needs them (layernorm's epsilon added), or None for an
+    operator no generated form computes."""
     op = getattr(w, "op", None)
-    if op not in ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc", "softmax",
-                  "layernorm", "attention"):
+    if op not in _FORM_OPS:
         return None
     params = w.params()
     if op == "layernorm":
         from edgetune.kernels.workloads import LAYERNORM_EPS
 
         params["eps"] = LAYERNORM_EPS
-    return _NUMPY_ADAPTER.format(spec=w.spec(), op=op, params=params, out_shape=list(w.outputs[0].shape))
+    return params
+
+
+def numpy_adapter_source(w) -> str | None:
+    """A Python adapter (the Python agent's ``adapter`` backend) computing ``w`` in numpy, or None."""
+    params = _form_params(w)
+    if params is None:
+        return None
+    return _NUMPY_ADAPTER.format(spec=w.spec(), op=w.op, params=params, out_shape=list(w.outputs[0].shape))
 
 
 COMPILE_ALLOWANCE_S = 600.0  # what a torch.compile form's job may take beyond --timeout, to compile
-
-_TORCH_OPS = ("gemm", "batch_matmul", "conv2d_nchw", "depthwise_conv2d_nchw", "conv2d_nhwc", "softmax", "layernorm",
-              "attention")
 
 
 def torch_op_artifact(w) -> str | None:
     """The Python agent's ``torch`` artifact of ``w`` (JSON: the operator by name and its parameters;
     the agent holds PyTorch's form of each, so the job brings no code), or None."""
-    op = getattr(w, "op", None)
-    if op not in _TORCH_OPS:
+    params = _form_params(w)
+    if params is None:
         return None
-    params = w.params()
-    if op == "layernorm":
-        from edgetune.kernels.workloads import LAYERNORM_EPS
-
-        params["eps"] = LAYERNORM_EPS
-    return json.dumps({"op": op, "params": params, "dtype": getattr(w, "dtype", "float32")}, sort_keys=True)
+    return json.dumps({"op": w.op, "params": params, "dtype": getattr(w, "dtype", "float32")}, sort_keys=True)
 
 
 @dataclass
@@ -789,7 +794,7 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
     # preallocated outputs where the op has an out= form) and torch.compile (inductor). A float16
     # matmul returns float16, like the float16 ONNX forms (verified at float16's tolerance).
     # On the CPU, torch.compile of one matmul or convolution calls the same oneDNN/BLAS routine as
-    # eager PyTorch (raced): said, not raced (a cold compile costs seconds per shape).
+    # eager PyTorch, which is raced: that form is said, not raced (a cold compile costs seconds).
     torch_forms = [("torch", "PyTorch eager (ATen: oneDNN/BLAS)", "cpu", ""),
                    ("torch-compile", "PyTorch torch.compile (inductor)", "cpu",
                     "default" if op in ("softmax", "layernorm", "attention") else None)]

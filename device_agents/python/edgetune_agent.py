@@ -21,7 +21,7 @@ import time
 
 PROTOCOL = 3
 AGENT = "python"
-AGENT_VERSION = "2.5.0"
+AGENT_VERSION = "2.6.0"
 M64 = (1 << 64) - 1
 _WORKER_PID = None  # the process running the job: a candidate's forked child never writes its files
 
@@ -256,6 +256,53 @@ def cmd_info():
 DEVICE_MEMORY = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
 
 
+# the shared library onnxruntime loads for a provider it does not build in
+PROVIDER_LIBS = {"CUDAExecutionProvider": "libonnxruntime_providers_cuda.so",
+                 "TensorrtExecutionProvider": "libonnxruntime_providers_tensorrt.so",
+                 "OpenVINOExecutionProvider": "libonnxruntime_providers_openvino.so"}
+
+
+_PRELOADED = []
+
+
+def preload_provider_libraries(ort):
+    """onnxruntime-gpu's provider library finds CUDA and cuDNN on the loader's path only; installed as
+    its extras (`pip install 'onnxruntime-gpu[cuda,cudnn]'`: NVIDIA's wheels) they are loaded first by
+    onnxruntime.preload_dlls(), as onnxruntime's own instructions have a program do. Once per process;
+    what it prints (on stdout, the agent's protocol channel) is kept out of the answer."""
+    if _PRELOADED or not hasattr(ort, "preload_dlls"):
+        return
+    _PRELOADED.append(True)
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            ort.preload_dlls()
+        except Exception:  # nothing to preload: the provider's own load says what is missing
+            pass
+
+
+def provider_load_error(ort, provider):
+    """Why onnxruntime could not use PROVIDER, in one line: what the dynamic loader says of the
+    provider's library (onnxruntime only logs it), or that this build does not have it."""
+    if provider not in ort.get_available_providers():
+        return "this build has no %s; it has %s" % (provider, ", ".join(ort.get_available_providers()))
+    lib = PROVIDER_LIBS.get(provider)
+    if lib is None:
+        return "the provider is built in, and it refused this model or its options"
+    path = os.path.join(os.path.dirname(os.path.abspath(ort.__file__)), "capi", lib)
+    if not os.path.exists(path):
+        return "%s is not installed" % lib
+    import ctypes
+
+    try:
+        ctypes.CDLL(path)
+    except OSError as exc:
+        return str(exc)[:300]
+    return "%s loads; the provider refused the session (its log has why)" % lib
+
+
 class OrtBackend:
     """onnxruntime with the candidate's session options; outputs bound to NaN-poisoned buffers."""
 
@@ -276,7 +323,14 @@ class OrtBackend:
             popts["trt_engine_cache_path"] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                           cache)
         self._providers = [(provider, popts)] if popts else [provider]
+        if provider in PROVIDER_LIBS:
+            preload_provider_libraries(ort)
         self.sess = ort.InferenceSession(model_path, so, providers=self._providers)
+        if provider not in self.sess.get_providers():
+            # onnxruntime falls back to the CPU without a word when the provider cannot load (the
+            # libraries it needs missing): timing that would time the CPU under the provider's name
+            raise RuntimeError("%s did not load in this onnxruntime %s (%s)"
+                               % (provider, ort.__version__, provider_load_error(ort, provider)))
         self.np = np
         self.ort = ort
         self.input_names = input_names

@@ -92,6 +92,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     tasks: dict[str, int] = {}
     building: dict[str, tuple] = {}  # device -> (candidate, kernel) being tuned, for one log line per kernel
     log_lines = fmt != Format.json and not err_console.is_terminal
+    said: dict[tuple, str] = {}  # (device, status, reason) -> the first candidate it was written for
 
     def on_event(ev):
         d = ev.get("device", "")
@@ -108,7 +109,10 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                 progress.update(tasks[d], description=safe(f"{ev['shape']} {_round_label(ev)} {ev['candidate']} "
                                                            f"{ev['status']} {med}"))
                 if log_lines and ev["status"] != "verified":
-                    err_console.print(plain(f"{d}: {ev['shape']} {ev['candidate']}: {ev['status']}: {ev['reason']}"),
+                    # a reason many candidates share (a provider that cannot load) is written out once
+                    first = said.setdefault((d, ev["status"], ev["reason"]), ev["candidate"])
+                    why = ev["reason"] if first == ev["candidate"] else f"as for {first}"
+                    err_console.print(plain(f"{d}: {ev['shape']} {ev['candidate']}: {ev['status']}: {why}"),
                                       highlight=False)
         elif ev["event"] == "build" and d in tasks:
             best = f", best {ev['best_gflops']:.1f} GFLOP/s" if ev.get("best_gflops") else ""

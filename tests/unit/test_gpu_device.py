@@ -152,6 +152,54 @@ def test_device_resident_binding_uploads_each_input_and_poisons_the_outputs(agen
     assert not np.array_equal(b.results()[0], compute_reference(model, wl.input_sets[0])[0])
 
 
+def test_a_provider_that_cannot_load_fails_the_candidate_with_the_loaders_reason(agent, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """onnxruntime runs a session on the CPU without a word when the provider asked for cannot load
+    (onnxruntime-gpu without CUDA 13's libraries): timed, that would be the CPU under CUDA's name, and
+    it won once (ep=Tensorrt, all nodes on the CPU, selected). The agent refuses such a session and
+    says what the dynamic loader says of the provider's library."""
+    import subprocess
+    import types
+
+    model = load_model(build_tiny(tmp_path / "tiny.onnx"))
+    wl = build_workload(model, {"batch": 3})
+    outs = [{"name": o.name, "dtype": "float32", "shape": [3, 8]} for o in model.outputs]
+    # this machine's onnxruntime has no CUDA provider at all
+    with pytest.raises(RuntimeError, match=r"CUDAExecutionProvider did not load in this onnxruntime .*"
+                                           r"this build has no CUDAExecutionProvider; it has .*CPUExecutionProvider"):
+        agent.OrtBackend(str(model.path), {"execution_provider": "CUDAExecutionProvider"}, wl.input_names, outs)
+    # onnxruntime-gpu's layout: capi/libonnxruntime_providers_cuda.so needing a CUDA library that is
+    # not there (a real shared object, linked against a stand-in library removed afterwards)
+    cc = shutil.which("gcc") or pytest.fail("gcc (make setup installs it)")
+    ort = tmp_path / "fake_ort"
+    (ort / "capi").mkdir(parents=True)
+    (ort / "__init__.py").write_text("")
+    stub, c = tmp_path / "libcublasLt.so.13", tmp_path / "p.c"
+    c.write_text("int edgetune_probe(void) { return 1; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(stub), "-Wl,-soname,libcublasLt.so.13", str(c)], check=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(ort / "capi" / "libonnxruntime_providers_cuda.so"), str(c),
+                    "-Wl,--no-as-needed", str(stub)], check=True)
+    stub.unlink()
+    fake = types.SimpleNamespace(__file__=str(ort / "__init__.py"),
+                                 get_available_providers=lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                                                                          "CPUExecutionProvider"])
+    why = agent.provider_load_error(fake, "CUDAExecutionProvider")
+    assert why.startswith("libcublasLt.so.13: cannot open shared object file"), why
+    assert agent.provider_load_error(fake, "TensorrtExecutionProvider") == \
+        "libonnxruntime_providers_tensorrt.so is not installed"
+    # NVIDIA's wheels (onnxruntime-gpu[cuda,cudnn]) are found only once preloaded, as onnxruntime's
+    # instructions have a program do: once per process, and what it prints stays off the protocol's stdout
+    calls = []
+    monkeypatch.setattr(agent, "_PRELOADED", [])
+    noisy = types.SimpleNamespace(preload_dlls=lambda: (calls.append(1), print("Failed to load libcublasLt.so.13")))
+    agent.preload_provider_libraries(noisy)
+    agent.preload_provider_libraries(noisy)
+    assert calls == [1] and capsys.readouterr().out == ""
+    # a provider the build has and whose session stands is used as asked: the CPU's
+    b = agent.OrtBackend(str(model.path), {"execution_provider": "CPUExecutionProvider"}, wl.input_names, outs)
+    assert b.sess.get_providers() == ["CPUExecutionProvider"]
+
+
 def test_cuda_kernels_are_built_for_the_devices_sm(tmp_path):
     """nvcc builds a CUDA kernel for the SM the device's fingerprint names (sm_80, sm_90): the
     shared object's embedded GPU binaries are for that SM and no other."""
@@ -273,9 +321,9 @@ def test_the_kernel_worker_times_on_the_device_clock_with_caches_flushed(tmp_pat
 def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_verifies_here(tmp_path):
     """tools/gpu/ort_gpu_replay.py, all three steps on this GPU-less machine: the GPU candidates are
     staged as the agent's requests, run by the agent as the GPU machine would run them, and their
-    answers validated and verified here. Without onnxruntime-gpu, device-resident candidates fail
-    to load (said why), and host-bound CUDA ones run on the CPU and are labelled as having fallen
-    back, never passed off as GPU figures."""
+    answers validated and verified here. Without onnxruntime-gpu every GPU candidate fails to load
+    and says why: onnxruntime would have run a host-bound CUDA one on the CPU without a word, and
+    its figure would have passed for the GPU's."""
     import subprocess
     import sys
 
@@ -298,10 +346,11 @@ def test_the_offline_gpu_replay_runs_every_gpu_candidate_through_the_agent_and_v
     assert replay.main(["verify", str(src), str(out), "--markdown", str(md)]) == 0
     rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in md.read_text().splitlines() if ln.startswith("| ort")}
     assert "| yes |" in rows["ort default"]
-    dev = [v for k, v in rows.items() if "io_binding=device" in k]
-    assert len(dev) == 8 + 1 and all("| NO |" in v and "load failed" in v for v in dev)
+    gpu = [v for k, v in rows.items() if "ep=CUDA" in k or "ep=Tensorrt" in k]
+    assert len(gpu) == 2 + 12 + 2 and all("| NO |" in v and "load failed" in v for v in gpu)
     host = [v for k, v in rows.items() if "ep=CUDA" in k and "io_binding=host" in k]
-    assert host and all("fell back: 0 of" in v for v in host)
+    assert host and all("CUDAExecutionProvider did not load in this onnxruntime" in v
+                        and "this build has no CUDAExecutionProvider" in v for v in host)
 
 
 def test_the_offline_judge_replay_stages_the_judges_plan_and_reads_it_back(tmp_path):

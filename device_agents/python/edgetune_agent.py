@@ -533,9 +533,47 @@ def _tvm_device(tvm, params):
     if device not in ("cpu", "cuda"):
         raise ValueError("params.device must be cpu or cuda")
     dev = tvm.runtime.device(device, 0)
+    if not dev.exist and device == "cuda":
+        why = _tvm_cuda_runtime(tvm)
+        dev = tvm.runtime.device(device, 0)
+        if not dev.exist:
+            raise RuntimeError("this device's TVM runtime has no cuda device: %s" % why)
     if not dev.exist:
         raise RuntimeError("this device's TVM runtime has no %s device" % device)
     return device, dev
+
+
+def _nvidia_wheel_libs(name):
+    """NAME (a CUDA library's soname) where NVIDIA's wheels put it: site-packages/nvidia/cu13/lib
+    (CUDA 13's wheels), nvidia/*/lib (CUDA 12's), on the interpreter's path."""
+    import glob
+
+    found = []
+    for d in sys.path:
+        if d and os.path.isdir(os.path.join(d, "nvidia")):
+            found += sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", name)))
+    return found
+
+
+def _tvm_cuda_runtime(tvm):
+    """Load TVM's CUDA runtime (tvm/lib/libtvm_runtime_cuda.so), which `import tvm` skips without a
+    word when libcudart.so.13 is not on the loader's path (NVIDIA's wheels keep it in site-packages):
+    libcudart from there first. Returns what the loader said when it still cannot load."""
+    import ctypes
+
+    for path in _nvidia_wheel_libs("libcudart.so.13")[:1]:
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass
+    lib = os.path.join(os.path.dirname(os.path.abspath(tvm.__file__)), "lib", "libtvm_runtime_cuda.so")
+    if not os.path.exists(lib):
+        return "this TVM has no CUDA runtime (%s is not installed)" % os.path.basename(lib)
+    try:
+        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        return "its CUDA runtime did not load (%s)" % str(exc)[:300]
+    return "its CUDA runtime loaded and found no GPU"
 
 
 def _tvm_tensor(tvm, a, dev):
@@ -2357,6 +2395,20 @@ def _site():
         _SITE_DONE.append(1)
 
 
+def cmd_tvm_device(device):
+    """Can this Python's TVM run kernels on DEVICE, the way the tvm backends open it? One JSON line:
+    {"ok": true} or {"ok": false, "why": ...} (the loader's reason where there is one)."""
+    try:
+        import tvm
+
+        _tvm_device(tvm, {"device": device})
+        out = {"ok": True}
+    except Exception as exc:
+        out = {"ok": False, "why": ("%s: %s" % (type(exc).__name__, exc))[:400]}
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
+
+
 def main(argv):
     if not (len(argv) == 3 and argv[1] == "run-stdio"):
         _site()
@@ -2384,7 +2436,10 @@ def main(argv):
     if len(argv) >= 2 and argv[1] == "version":
         sys.stdout.write("%d %s %s\n" % (PROTOCOL, AGENT, AGENT_VERSION))
         return 0
-    sys.stderr.write("usage: edgetune_agent.py info | run JOBDIR | run-stdio JOBDIR | serve | version\n")
+    if len(argv) == 3 and argv[1] == "tvm-device":
+        return cmd_tvm_device(argv[2])
+    sys.stderr.write("usage: edgetune_agent.py info | run JOBDIR | run-stdio JOBDIR | serve | version"
+                     " | tvm-device cpu|cuda\n")
     return 2
 
 

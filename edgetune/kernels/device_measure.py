@@ -15,6 +15,7 @@ and clock from the agent's fingerprint), plus the cross compiler that links its 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -29,6 +30,7 @@ from edgetune.errors import DeviceError, UserInputError
 from edgetune.kernels.measurement import CudaLocalMeasure, KernelRun
 from edgetune.kernels.targets import KernelTarget, cpuinfo_features, host_target, load_target, refine_from_cpuinfo
 from edgetune.kernels.workloads import TensorSpec
+from edgetune.text import device_text
 
 KERNEL_WORKDIR_SUFFIX = "-kernels"
 
@@ -235,13 +237,18 @@ class PythonTvmMeasure(DeviceMeasure):
         if not version:
             raise UserInputError(f"{self.spec.name}: its Python has no TVM (the device runs the kernels through "
                                  f"TVM's runtime: pip install apache-tvm there)")
-        c = self.client.transport.run([self.client._python(), "-c",  # noqa: SLF001 - the agent's interpreter
-                                       f"import tvm; print(bool(tvm.runtime.device({self.device!r}, 0).exist))"],
-                                      timeout=120)
-        if not (c.ok and c.text().strip().endswith("True")):
-            raise UserInputError(f"{self.spec.name}: its TVM ({version}) cannot run {self.device} kernels "
-                                 f"(tvm.runtime.device({self.device!r}, 0) does not exist: a TVM build without "
-                                 f"{self.device.upper()}, or no usable driver)")
+        # the agent opens the device as its tvm backends do (TVM's CUDA runtime loaded by hand when
+        # `import tvm` skipped it) and says why not
+        argv = self.client._agent_argv  # noqa: SLF001 - the Python agent provision() put there
+        c = self.client.transport.run([*argv, "tvm-device", self.device], timeout=120)
+        try:
+            answer = json.loads(c.text().strip().splitlines()[-1]) if c.ok else {}
+        except (ValueError, IndexError):
+            answer = {}
+        if answer.get("ok") is not True:
+            why = str(answer.get("why") or f"the agent's check failed: {c.text().strip()[-300:]}")
+            raise UserInputError(f"{self.spec.name}: its TVM ({version}) cannot run {self.device} kernels: "
+                                 f"{device_text(why, 400)}")
         return str(version)
 
 

@@ -494,7 +494,9 @@ def test_kernels_on_the_python_agents_tvm_runtime_follow_the_whole_protocol(tmp_
         run = m(str(wrong), xs, list(w.outputs))
         assert run.status == "ok" and not verify_run(run, w, xs, w.reference(xs)).ok
         assert run.job.input_check.startswith("agent copy (uploaded to the cpu")
-    with pytest.raises(UserInputError, match="cannot run cuda kernels"):
+    # the agent opens the GPU as its backends do, and the line says what stopped it (here: no driver)
+    with pytest.raises(UserInputError, match=r"cannot run cuda kernels: RuntimeError: .*its CUDA runtime did "
+                                             r"not load \((libcuda\.so\.1|libcudart\.so\.13): cannot open"):
         with PythonTvmMeasure(spec, "cuda") as m:
             m.check()
 
@@ -523,8 +525,29 @@ def test_a_gpu_device_gets_a_tvm_cuda_build_of_the_model(tmp_path, agent):
     cpu = SPACE.prepare(next(c for c in cands if not c.param_dict.get("device")), wl, info, tmp_path / "cache")
     assert cpu.artifact != prep.artifact and b"__global__" not in cpu.artifact.read_bytes()
     outs = [{"name": "y", "dtype": "float32", "shape": [4, 8]}]
-    with pytest.raises(RuntimeError, match="no cuda device"):
+    # TVM's CUDA runtime is loaded by hand (`import tvm` skips it without a word when a library is
+    # missing) and the loader's reason is the job's: here the driver, libcuda.so.1, or the CUDA runtime
+    with pytest.raises(RuntimeError, match=r"no cuda device: its CUDA runtime did not load "
+                                           r"\((libcuda\.so\.1|libcudart\.so\.13): cannot open shared object file"):
         agent.TvmRelaxBackend(str(prep.artifact), {"device": "cuda"}, ["x"], outs)
+
+
+def test_cuda_libraries_are_found_where_nvidias_wheels_put_them(agent, tmp_path, monkeypatch):
+    """onnxruntime-gpu[cuda,cudnn], PyTorch and cuda-bindings bring CUDA as NVIDIA's wheels, under
+    site-packages/nvidia, off the loader's path: TVM's CUDA runtime needs libcudart.so.13 from there
+    (CUDA 13's wheels: nvidia/cu13/lib; CUDA 12's: nvidia/<part>/lib)."""
+    import types
+
+    site = tmp_path / "site-packages"
+    for part in ("cu13", "cuda_runtime"):
+        (site / "nvidia" / part / "lib").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "lib" / "libcudart.so.13").write_bytes(b"")
+    monkeypatch.setattr(agent.sys, "path", [str(tmp_path / "elsewhere"), str(site)])
+    assert agent._nvidia_wheel_libs("libcudart.so.13") == [str(site / "nvidia" / "cu13" / "lib" / "libcudart.so.13")]
+    assert agent._nvidia_wheel_libs("libcudart.so.12") == []
+    # a TVM without its CUDA runtime library says so
+    fake_tvm = types.SimpleNamespace(__file__=str(tmp_path / "tvm" / "__init__.py"))
+    assert agent._tvm_cuda_runtime(fake_tvm) == "this TVM has no CUDA runtime (libtvm_runtime_cuda.so is not installed)"
 
 
 def test_a_gpu_candidates_roofline_is_its_gpus_tensor_core_peak():

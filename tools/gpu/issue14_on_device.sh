@@ -9,7 +9,7 @@
 #   bash tools/gpu/issue14_on_device.sh - - .gpu-judge $OUT           # carry .gpu-judge/device, .gpu-judge/plan.json
 # then here:
 #   .venv/bin/python tools/gpu/verify_results.py .gpu OUTDIR/kernels
-#   .venv/bin/python tools/gpu/ort_gpu_replay.py verify .gpu-ort OUTDIR/ort --markdown docs/results/gpu-ort.md
+#   .venv/bin/python tools/gpu/ort_gpu_replay.py verify .gpu-ort OUTDIR/ort --markdown docs/results/gpu-ort.md   # (unless skipped)
 #   .venv/bin/python tools/gpu/judge_replay.py verify .gpu-judge OUTDIR/judge --markdown docs/results/gpu-judge.md
 # Device time: at most ~150 + 150 s in the first call, ~330 s in the second (each under the 600 s limit;
 # the judge's PyTorch torch.compile form compiles with max-autotune in its first round, tens of seconds
@@ -26,8 +26,14 @@ mkdir -p "$OUT/kernels" "$OUT/ort" "$OUT/judge"  # (an empty folder for a skippe
   command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>&1
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-# 1. onnxruntime's GPU candidates through edgetune's agent (detection: the agent's info, nvidia-smi)
-if [ "$OSRC" != - ]; then
+# 1. onnxruntime's GPU candidates through edgetune's agent (detection: the agent's info, nvidia-smi).
+#    Only where python3's onnxruntime has the CUDA provider: the lent machines' image has PyPI's
+#    onnxruntime (CPU only), and onnxruntime-gpu's wheel (255 MB) is more than a call can carry, so
+#    there the step says so and spends no device time (the judge's torch-cuda forms are cuBLAS there).
+if [ "$OSRC" != - ] && ! python3 -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" 2>/dev/null; then
+  echo "ort replay: skipped: python3 has no onnxruntime with the CUDAExecutionProvider (onnxruntime-gpu)" \
+    | tee "$OUT/ort/log.txt"
+elif [ "$OSRC" != - ]; then
   timeout 150 python3 tools/gpu/ort_gpu_replay.py run "$OSRC" "$OUT/ort" > "$OUT/ort/log.txt" 2>&1
   echo "ort replay: rc $?"; tail -3 "$OUT/ort/log.txt"
 fi

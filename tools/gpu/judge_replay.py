@@ -15,7 +15,7 @@ GPU-memory binding; eager PyTorch on CUDA and torch.compile max-autotune: ``kern
 on a device that has them), fresh inputs per
 round, the same weights everywhere. Each job is staged as the agent's request (AgentClient.stage_job)
 with paths relative to its job dir; the Job objects, the workloads and the forms stay in DIR/host.
-run (on the GPU machine: stdlib only, plus numpy, onnxruntime-gpu and PyTorch for the Python agent): both
+run (on the GPU machine: stdlib only, plus numpy, PyTorch and, where installed, onnxruntime-gpu for the Python agent): both
 agents' ``info`` (the native one reports the GPU from nvidia-smi), then every request in order, the
 native agent's judge backend in CUDA mode for kernels, the Python agent for the forms, the sanitizer
 jobs under ``compute-sanitizer --tool T --target-processes all`` when the machine has it; every
@@ -51,7 +51,9 @@ DEFAULT_KERNELS = ("tests/judge_kernels_cuda",)
 
 def _device_info(sm: str):
     """The device as a GPU machine with onnxruntime-gpu and a CUDA build of PyTorch reports itself
-    (for the baseline forms; the lent GPU machines' python3 has both)."""
+    (for the baseline forms). The lent GPU machines' python3 has a CUDA build of PyTorch and PyPI's
+    CPU onnxruntime: there the onnxruntime CUDA forms fail at load with that reason, and the PyTorch
+    forms (cuBLAS/cuDNN, torch.compile) are the GPU baselines."""
     return type("Info", (), {"runtimes": {"onnxruntime_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
                                           "torch": "cuda build", "torch_cuda": "yes"},
                              "fingerprint": {"gpus": [{"sm": sm}]}})()

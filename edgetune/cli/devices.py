@@ -20,8 +20,9 @@ app = typer.Typer(no_args_is_help=True, help="The device inventory (local, ssh:/
 InvOpt = typer.Option(None, "--inventory", help="devices.toml (default ~/.edgetune/devices.toml)")
 
 
-def _probe(spec) -> dict:
-    """Connect, provision the agent, and report what the device says about itself.
+def _probe(spec, gpu: bool = False) -> dict:
+    """Connect, provision the agent, and report what the device says about itself; with ``gpu``, a
+    device with an NVIDIA GPU also tries each of edgetune's GPU paths (``gpu_features``).
 
     Never raises (Ctrl-C aside): whatever goes wrong with one device, a malformed ``info`` reply
     included, makes that device's row "down" with a one-line reason, and the others are listed."""
@@ -39,6 +40,8 @@ def _probe(spec) -> dict:
                    max_freq_khz=fp.get("max_freq_khz"), governor=fp.get("governor"), python=info.python,
                    runtimes=rt, emulated=fp.get("emulated"), fingerprint_key=info.fingerprint_key,
                    gpus=fp.get("gpus") or [])
+        if gpu and row["gpus"]:
+            row["gpu_features"] = gpu_features(client, info)
     except EdgetuneError as exc:
         row = {"name": spec.name, "url": spec.url, "health": "down", "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - one device's surprise must not hide the others
@@ -50,6 +53,57 @@ def _probe(spec) -> dict:
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
     return row
+
+
+# what the host itself needs for a GPU device, beside what its agent tries there
+HOST_GPU_FEATURES = (("nvcc (this host)", "judge: .cu kernels built for the GPU's SM"),)
+
+
+def gpu_features(client, info) -> list[dict]:
+    """Each of edgetune's GPU paths on this device, tried there by its Python agent (``gpu-check``:
+    a one-node model on each onnxruntime GPU provider, a sum in PyTorch on CUDA, TVM opening the
+    GPU, compute-sanitizer found), and nvcc here: [{feature, used_by, ok, detail}]. What the device
+    answers is data, checked and cut to size."""
+    import json
+    import shutil
+    import subprocess
+
+    out: list[dict] = []
+    if info.agent != "python":
+        out.append({"feature": "Python agent", "used_by": "every GPU path but judge's CUDA mode", "ok": False,
+                    "detail": "the device has no python3 with numpy: its native agent only"})
+    else:
+        c = client.transport.run([*client._agent_argv, "gpu-check"], timeout=600)  # noqa: SLF001
+        try:
+            doc = json.loads(c.text().strip().splitlines()[-1]) if c.ok else None
+            feats = doc["features"] if isinstance(doc, dict) else None
+            if not isinstance(feats, list) or len(feats) > 16 or not all(isinstance(f, dict) for f in feats):
+                raise ValueError("not a list of features")
+            out += [{"feature": device_text(f.get("feature"), 60), "used_by": device_text(f.get("used_by"), 120),
+                     "ok": f.get("ok") is True, "detail": device_text(f.get("detail"), 400)} for f in feats]
+        except (ValueError, KeyError, IndexError, TypeError):
+            out.append({"feature": "gpu-check", "used_by": "this table", "ok": False,
+                        "detail": "the agent's answer could not be read: "
+                                  + device_text(c.text().strip()[-300:] or f"exit {c.returncode}", 300)})
+    nvcc = shutil.which("nvcc")
+    detail = "not found (make setup installs NVIDIA's nvcc wheels)"
+    if nvcc:
+        try:
+            v = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+            detail = f"{nvcc}: {(v.stdout.strip().splitlines() or ['?'])[-1]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            nvcc, detail = None, f"{nvcc} does not run: {exc}"
+    out.append({"feature": HOST_GPU_FEATURES[0][0], "used_by": HOST_GPU_FEATURES[0][1], "ok": bool(nvcc),
+                "detail": detail})
+    return out
+
+
+def _features_table(row: dict) -> Table:
+    t = Table("feature", "ready", "detail", "used by", title=plain(f"GPU paths on {row['name']}"))
+    for f in row["gpu_features"]:
+        t.add_row(plain(f["feature"]), Text("yes", "green") if f["ok"] else Text("no", "red"),
+                  device_text(f["detail"]), plain(f["used_by"]))
+    return t
 
 
 def _unexpected(exc: BaseException) -> str:
@@ -207,15 +261,20 @@ def rm_cmd(name: str, inventory: Optional[str] = InvOpt,
 @app.command("check", epilog=epilog("devices check"))
 def check_cmd(name: Optional[str] = typer.Argument(None), inventory: Optional[str] = InvOpt,
               fmt: Format = FormatOpt) -> None:
-    """Connect, provision the agent and report health (exit 3 if any device is down)."""
+    """Connect, provision the agent and report health (exit 3 if any device is down); a device
+    with an NVIDIA GPU also tries each GPU path (onnxruntime's CUDA and TensorRT providers, PyTorch and
+    TVM on CUDA, compute-sanitizer, nvcc here) and says what stops each."""
     def body():
         inv = Inventory(inventory)
         specs = [inv.get(name)] if name else list(inv.load().values())
-        rows = [_probe(s) for s in specs]
+        rows = [_probe(s, gpu=True) for s in specs]
         if fmt == Format.json:
             emit_json(rows)
         else:
             console.print(_table(rows))
+            for r in rows:
+                if r.get("gpu_features"):
+                    console.print(_features_table(r))
         if any(r["health"] != "ok" for r in rows):
             raise typer.Exit(3)
     run_guarded(body)

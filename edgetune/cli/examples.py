@@ -104,6 +104,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "devices check": [
         ("edgetune devices check", "every device; exit 3 if one is down"),
         ("edgetune devices check pi --format json", "one device, for scripts"),
+        ("edgetune devices check gpu", "a GPU device: tries each GPU path there, says what stops each"),
     ],
 }
 

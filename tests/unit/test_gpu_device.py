@@ -586,3 +586,55 @@ def test_tensor_intrinsics_are_registered_per_target_kind():
     lines = dict(line.split(" ", 1) for line in p.stdout.splitlines())
     assert {"x86", "arm_cpu"} <= set(lines["cpu"].split(",")) and "cuda" not in lines["cpu"]
     assert lines["cuda-loaded"] == "False" and lines["wmma"] == "True"
+
+
+def test_devices_check_tries_every_gpu_path_and_says_what_stops_each(tmp_path):
+    """`edgetune devices check` on a GPU device (this machine posing as an H200: a fake nvidia-smi)
+    has its Python agent try each GPU path for real and says what stops it: here onnxruntime has no
+    GPU provider, PyTorch is a CPU build, TVM's CUDA runtime finds no driver; nvcc is here. A device
+    without a GPU gets no such table. The device's answer is data: a garbled one is said so."""
+    import os
+    import subprocess
+    import sys
+    import types
+
+    from edgetune.cli.devices import gpu_features
+    from tests.conftest import require
+
+    require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0'\n")
+    smi.chmod(0o755)
+    home = tmp_path / "home"
+    env = {**os.environ, "EDGETUNE_HOME": str(home), "COLUMNS": "200"}
+
+    def edgetune(*args, path=None):
+        return subprocess.run([sys.executable, "-m", "edgetune.cli.main", *args], capture_output=True, text=True,
+                              timeout=600, env={**env, "PATH": path or env["PATH"]}, cwd=str(tmp_path))
+
+    assert edgetune("devices", "add", "gpu", "local").returncode == 0
+    p = edgetune("devices", "check", "gpu", "--format", "json", path=f"{bin_dir}:{env['PATH']}")
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(p.stdout)
+    feats = {f["feature"]: f for f in row["gpu_features"]}
+    assert list(feats) == ["onnxruntime CUDA", "onnxruntime TensorRT", "PyTorch CUDA", "TVM CUDA",
+                           "compute-sanitizer", "nvcc (this host)"]
+    assert not feats["onnxruntime CUDA"]["ok"] and "has no CUDAExecutionProvider" in feats["onnxruntime CUDA"]["detail"]
+    assert not feats["PyTorch CUDA"]["ok"] and "is a CPU build" in feats["PyTorch CUDA"]["detail"]
+    assert not feats["TVM CUDA"]["ok"] and ("libcuda.so.1" in feats["TVM CUDA"]["detail"]
+                                           or "libcudart.so.13" in feats["TVM CUDA"]["detail"])
+    assert feats["nvcc (this host)"]["ok"] and "cuda_13" in feats["nvcc (this host)"]["detail"]
+    p = edgetune("devices", "check", "gpu", path=f"{bin_dir}:{env['PATH']}")
+    assert p.returncode == 0 and "GPU paths on gpu" in p.stdout and "is a CPU build" in p.stdout
+    p = edgetune("devices", "check", "gpu", "--format", "json")  # no nvidia-smi: no GPU, no table
+    assert p.returncode == 0 and "gpu_features" not in json.loads(p.stdout)[0]
+    # a device that answers garbage (or a forged row) gets one line saying so, never a crash
+    for answer in (b"not json\n", b'{"features": "everything works"}\n', b'{"features": [1, 2]}\n'):
+        ran = types.SimpleNamespace(ok=True, returncode=0, stdout=answer, text=lambda a=answer: a.decode())
+        client = types.SimpleNamespace(_agent_argv=["agent"], transport=types.SimpleNamespace(run=lambda *a, **k: ran))
+        got = gpu_features(client, types.SimpleNamespace(agent="python"))
+        assert got[0]["feature"] == "gpu-check" and not got[0]["ok"] and "could not be read" in got[0]["detail"]
+    got = gpu_features(None, types.SimpleNamespace(agent="native"))
+    assert got[0]["feature"] == "Python agent" and not got[0]["ok"]

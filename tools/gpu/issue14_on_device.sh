@@ -26,6 +26,12 @@ mkdir -p "$OUT/kernels" "$OUT/ort" "$OUT/judge"  # (an empty folder for a skippe
   command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>&1
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
+# 0. what the Python agent finds of each GPU path there (edgetune devices check's table; seconds):
+#    onnxruntime's CUDA and TensorRT providers, PyTorch and TVM (the carried runtime) on CUDA
+site=; [ "$KSRC" != - ] && site="$KSRC/site"
+PYTHONPATH="$site" TVM_USE_RUNTIME_LIB=1 timeout 120 python3 device_agents/python/edgetune_agent.py gpu-check \
+  > "$OUT/gpu-check.json" 2> "$OUT/gpu-check.err"
+echo "gpu-check: rc $?"; cat "$OUT/gpu-check.json"
 # 1. onnxruntime's GPU candidates through edgetune's agent (detection: the agent's info, nvidia-smi).
 #    Only where python3's onnxruntime has the CUDA provider: the lent machines' image has PyPI's
 #    onnxruntime (CPU only), and onnxruntime-gpu's wheel (255 MB) is more than a call can carry, so

@@ -42,6 +42,8 @@
 #define ERRLEN 1024
 #define ET_MAX_CHECKS 32
 #define PROTOCOL 3
+#define WARMUP_MIN_ITERS 5 /* warm-up iterations at least (2 for a model slower than the warm-up) */
+#define WARMUP_KEEP 4096   /* the timed run is planned from the median of the first this many */
 
 /* the process running the job: a process a candidate forked that returns into the agent's code
  * stops before it writes a file of the job (the job's own process goes on) */
@@ -662,20 +664,32 @@ static int run_job(run_state* r) {
   json_num(json_get(req, "max_iters"), &max_iters);
   if (min_iters < 1) min_iters = 1;
   if (max_iters < min_iters) max_iters = min_iters;
+  /* at least WARMUP_MIN_ITERS iterations, or 2 when even the fastest is longer than the whole
+   * warm-up (a slow model), and the estimate is their median: one stall (a busy machine, a first
+   * call slow on purpose) must not shrink the timed run to a few calls a candidate computes honestly */
   long long t = 0;
-  int64_t spent = 0;
-  do {
+  int64_t spent = 0, fastest_warm = INT64_MAX;
+  int64_t wtimes[WARMUP_KEEP];
+  int nw = 0;
+  for (;;) {
     fill_fresh(work, sets, r->n_sets, r->n_in, seed, t);
     for (int k = 0; k < r->n_out; k++) tensor_poison(&outs[k]);
     int64_t a = now_ns();
     if (be->run(be, err, sizeof err)) { fail(r, "warm-up run failed: %s", err); goto done; }
-    spent += run_ns(be, hk, now_ns() - a);
+    int64_t took = run_ns(be, hk, now_ns() - a);
+    spent += took;
+    if (nw < WARMUP_KEEP) wtimes[nw++] = took;
+    if (took < fastest_warm) fastest_warm = took;
     t++;
-  } while ((double)spent < warmup_ms * 1e6 && (double)t < max_iters); /* bounded whatever the clock says */
+    if ((double)t >= max_iters) break; /* bounded whatever the clock says */
+    if ((double)spent >= warmup_ms * 1e6 && t >= 2 &&
+        (t >= WARMUP_MIN_ITERS || (double)fastest_warm >= warmup_ms * 1e6)) break;
+  }
   if (guards_ok(r, be, work, outs)) goto done;
   r->warmup_iters = t;
   r->first_timed_iter = t;
-  double est = (double)spent / (double)t;
+  qsort(wtimes, (size_t)nw, sizeof wtimes[0], cmp_i64);
+  double est = (double)wtimes[(nw - 1) / 2];
   if (est < 1) est = 1;
   double n = ceil(budget_ms * 1e6 / est);
   if (n < min_iters) n = min_iters;

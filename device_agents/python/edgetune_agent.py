@@ -1001,6 +1001,10 @@ class Reservoir:
             self.kept[j] = (t,) + snapshot()
 
 
+WARMUP_MIN_ITERS = 5  # warm-up iterations at least (2 for a model slower than the warm-up)
+WARMUP_KEEP = 4096  # the timed run is planned from the median of the first this many
+
+
 class Fastest:
     """Keeps the `size` fastest timed iterations: work a candidate skipped makes an iteration fast,
     so the iterations a speedup would rest on are the ones checked, whatever the candidate does."""
@@ -1171,24 +1175,34 @@ def run_job(jobdir, req):
         backend.run(work)
         result["repeat_outputs"] = [_save(jobdir, "rep_%d.npy" % k, a) for k, a in enumerate(backend.results())]
 
-        # 2. warm-up on fresh inputs (iterations 0..W-1), then an iteration count from the estimate
+        # 2. warm-up on fresh inputs (iterations 0..W-1), then an iteration count from the estimate:
+        #    at least WARMUP_MIN_ITERS iterations, or 2 when even the fastest is longer than the whole
+        #    warm-up (a slow model), and the estimate is their median: one stall (a busy machine, a
+        #    first call slow on purpose) must not shrink the timed run to a few calls a candidate
+        #    computes honestly
         warmup_ns = float(req.get("warmup_ms", 20.0)) * 1e6
         max_iters = int(req.get("max_iters", 100000))
         t = 0
         spent = 0
+        times = []
         while True:
             fill_fresh(work, input_sets, seed, t)
             stage(work)
             backend.poison()
             s0 = clock()
             backend.run(work)
-            spent += clock() - s0
+            took = clock() - s0
+            spent += took
+            if len(times) < WARMUP_KEEP:
+                times.append(took)
             t += 1
-            if spent >= warmup_ns or t >= max_iters:  # bounded even if the clock is not to be trusted
+            if t >= max_iters:  # bounded even if the clock is not to be trusted
+                break
+            if spent >= warmup_ns and t >= 2 and (t >= WARMUP_MIN_ITERS or min(times) >= warmup_ns):
                 break
         result["warmup_iters"] = t
         result["first_timed_iter"] = t
-        est = spent / t
+        est = sorted(times)[(len(times) - 1) // 2]
         budget_ns = float(req.get("budget_ms", 200.0)) * 1e6
         n = int(budget_ns // est) if est > 0 else 1
         n = max(int(req.get("min_iters", 3)), min(int(req.get("max_iters", 100000)), n))

@@ -303,6 +303,18 @@ def provider_load_error(ort, provider):
     return "%s loads; the provider refused the session (its log has why)" % lib
 
 
+def open_ort_session(ort, model, so, provider, providers):
+    """(session, None), or (None, why) when the session came up without PROVIDER: onnxruntime falls
+    back to the CPU without a word when the provider cannot load (the libraries it needs missing),
+    and timing it would time the CPU under the provider's name. NVIDIA's wheels are preloaded first."""
+    if provider in PROVIDER_LIBS:
+        preload_provider_libraries(ort)
+    sess = ort.InferenceSession(model, so, providers=providers)
+    if provider not in sess.get_providers():
+        return None, provider_load_error(ort, provider)
+    return sess, None
+
+
 class OrtBackend:
     """onnxruntime with the candidate's session options; outputs bound to NaN-poisoned buffers."""
 
@@ -323,14 +335,9 @@ class OrtBackend:
             popts["trt_engine_cache_path"] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                           cache)
         self._providers = [(provider, popts)] if popts else [provider]
-        if provider in PROVIDER_LIBS:
-            preload_provider_libraries(ort)
-        self.sess = ort.InferenceSession(model_path, so, providers=self._providers)
-        if provider not in self.sess.get_providers():
-            # onnxruntime falls back to the CPU without a word when the provider cannot load (the
-            # libraries it needs missing): timing that would time the CPU under the provider's name
-            raise RuntimeError("%s did not load in this onnxruntime %s (%s)"
-                               % (provider, ort.__version__, provider_load_error(ort, provider)))
+        self.sess, why = open_ort_session(ort, model_path, so, provider, self._providers)
+        if why is not None:
+            raise RuntimeError("%s did not load in this onnxruntime %s (%s)" % (provider, ort.__version__, why))
         self.np = np
         self.ort = ort
         self.input_names = input_names
@@ -2421,12 +2428,11 @@ def _check_ort_provider(provider):
 
     if provider not in ort.get_available_providers():
         return False, "onnxruntime %s has no %s (onnxruntime-gpu)" % (ort.__version__, provider)
-    preload_provider_libraries(ort)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(base64.b64decode(_PROBE_MODEL), so, providers=[provider])
-    if provider not in sess.get_providers():
-        return False, "it did not load: %s" % provider_load_error(ort, provider)
+    sess, why = open_ort_session(ort, base64.b64decode(_PROBE_MODEL), so, provider, [provider])
+    if why is not None:
+        return False, "it did not load: %s" % why
     y = sess.run(None, {"x": np.array([1.5, -2.0], np.float32)})[0]
     if y.tolist() != [3.0, -4.0]:
         return False, "it ran a one-node model and returned %r, not [3.0, -4.0]" % (y.tolist(),)

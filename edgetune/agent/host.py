@@ -385,6 +385,12 @@ class AgentClient:
         """The libonnxruntime.so this device's jobs run with (see _ort_library_for)."""
         return self._ort_library_for(arch)
 
+    def agent_command(self, args: Sequence[str], timeout: float = 60.0) -> Completed:
+        """One of the agent's own commands on the device (e.g. the Python agent's ``tvm-device``,
+        ``gpu-check``), with the agent provision() put there; what it printed is data."""
+        self.provision()
+        return self._run([*self._agent_argv, *args], timeout)
+
     def cleanup(self) -> None:
         """Remove everything edgetune put on the device (the whole work dir)."""
         self._run(["rm", "-rf", self.workdir], timeout=60)

@@ -73,7 +73,7 @@ def gpu_features(client, info) -> list[dict]:
         out.append({"feature": "Python agent", "used_by": "every GPU path but judge's CUDA mode", "ok": False,
                     "detail": "the device has no python3 with numpy: its native agent only"})
     else:
-        c = client.transport.run([*client._agent_argv, "gpu-check"], timeout=600)  # noqa: SLF001
+        c = client.agent_command(["gpu-check"], timeout=600)
         try:
             doc = json.loads(c.text().strip().splitlines()[-1]) if c.ok else None
             feats = doc["features"] if isinstance(doc, dict) else None

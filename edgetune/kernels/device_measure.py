@@ -239,8 +239,7 @@ class PythonTvmMeasure(DeviceMeasure):
                                  f"TVM's runtime: pip install apache-tvm there)")
         # the agent opens the device as its tvm backends do (TVM's CUDA runtime loaded by hand when
         # `import tvm` skipped it) and says why not
-        argv = self.client._agent_argv  # noqa: SLF001 - the Python agent provision() put there
-        c = self.client.transport.run([*argv, "tvm-device", self.device], timeout=120)
+        c = self.client.agent_command(["tvm-device", self.device], timeout=120)
         try:
             answer = json.loads(c.text().strip().splitlines()[-1]) if c.ok else {}
         except (ValueError, IndexError):

@@ -39,6 +39,16 @@ def _info(providers):
                      {"cores": 16, "gpus": [{"name": "NVIDIA H200", "sm": "sm_90"}]})
 
 
+def _fake_nvidia_smi(tmp_path: Path) -> Path:
+    """A directory holding an nvidia-smi that reports one H200 (this machine posing as a GPU device)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0'\n")
+    smi.chmod(0o755)
+    return bin_dir
+
+
 def test_nvidia_smi_reading_and_the_gpu_column(agent):
     text = "NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0\n" \
            "NVIDIA A100-SXM4-80GB, 8.0, 580.159.04, [N/A], [N/A], 1593, 00000000:1A:00.0\n\nbroken line\n"
@@ -259,11 +269,7 @@ def test_judge_on_a_gpu_device_sends_cuda_kernels_to_the_agent_s_cuda_mode(tmp_p
     from tests.conftest import require
 
     require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0'\n")
-    smi.chmod(0o755)
+    bin_dir = _fake_nvidia_smi(tmp_path)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
     kernels = Path(__file__).resolve().parents[1]
@@ -602,11 +608,7 @@ def test_devices_check_tries_every_gpu_path_and_says_what_stops_each(tmp_path):
     from tests.conftest import require
 
     require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 9.0, 580.159.04, 143771, 1980, 3201, 00000000:19:00.0'\n")
-    smi.chmod(0o755)
+    bin_dir = _fake_nvidia_smi(tmp_path)
     home = tmp_path / "home"
     env = {**os.environ, "EDGETUNE_HOME": str(home), "COLUMNS": "200"}
 
@@ -633,7 +635,7 @@ def test_devices_check_tries_every_gpu_path_and_says_what_stops_each(tmp_path):
     # a device that answers garbage (or a forged row) gets one line saying so, never a crash
     for answer in (b"not json\n", b'{"features": "everything works"}\n', b'{"features": [1, 2]}\n'):
         ran = types.SimpleNamespace(ok=True, returncode=0, stdout=answer, text=lambda a=answer: a.decode())
-        client = types.SimpleNamespace(_agent_argv=["agent"], transport=types.SimpleNamespace(run=lambda *a, **k: ran))
+        client = types.SimpleNamespace(agent_command=lambda *a, **k: ran)
         got = gpu_features(client, types.SimpleNamespace(agent="python"))
         assert got[0]["feature"] == "gpu-check" and not got[0]["ok"] and "could not be read" in got[0]["detail"]
     got = gpu_features(None, types.SimpleNamespace(agent="native"))

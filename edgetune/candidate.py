@@ -39,6 +39,9 @@ class Candidate:
     def label(self) -> str:
         if self.baseline and not self.params:
             return f"{self.backend} default"
+        p = self.param_dict
+        if self.baseline and p.get("config") == "default":  # a runtime's default, named by its precision
+            return f"{self.backend} default ({p.get('precision')}{', approximate' if self.approximate else ''})"
         short = {
             "intra_op_num_threads": "threads", "inter_op_num_threads": "inter", "graph_optimization_level": "opt",
             "execution_mode": "mode", "session.intra_op.allow_spinning": "spin", "execution_provider": "ep",

@@ -36,13 +36,14 @@ from edgetune.kernels.targets import gpu_peak_gflops
 from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
+from edgetune.space.openvino import check_precision
 from edgetune.space.ort_gpu import GPU_PROVIDERS
 from edgetune.text import device_text
 from edgetune.verify import Verdict, verify_job
 from edgetune.workload import Deadline, Model, Workload, build_workload, load_model, shape_points
 
 ProgressFn = Callable[[dict[str, Any]], None]
-DEFAULT_SPACES = ("ort", "ort-fused", "tflite", "tvm-relax")
+DEFAULT_SPACES = ("ort", "ort-fused", "openvino", "tflite", "tvm-relax")
 
 
 @dataclass
@@ -95,6 +96,8 @@ class DeviceOutcome:
     joined: bool = False  # it joined a run another process holds (tune(join=...))
     # where the host's heavy work ran: None here; {"ray": address, "workers": [[node, pid], ...]}
     host_work: dict[str, Any] | None = None
+    # runtime families asked for that this device or model cannot run: space -> why (never silently left out)
+    families_not_run: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,6 +150,7 @@ class DeviceTuner:
         self.cache_dir = edgetune_home() / "artifacts"
         self._peak: tuple[float | None, float | None] | None = None  # (fp32 GFLOP/s, int8 GOP/s)
         self.device_id: str | None = None  # the physical device (inventory.device_identity), once known
+        self.families_not_run: dict[str, str] = {}
 
     # ---- device access with bounded retries -------------------------------------------
     def _with_retries(self, fn, what: str):
@@ -183,6 +187,11 @@ class DeviceTuner:
                 space = load_space(name)
             except (KeyError, ImportError):
                 continue
+            why = space.unavailable(model, info) if hasattr(space, "unavailable") else None
+            if why:
+                self.families_not_run[name] = why
+                self.progress({"event": "unavailable", "device": self.spec.name, "space": name, "reason": why})
+                continue
             cands = (space.candidates(model, info, self.cfg.tvm_trials) if getattr(space, "wants_trials", False)
                      else space.candidates(model, info))
             if self.cfg.max_candidates is not None and cands:
@@ -191,6 +200,9 @@ class DeviceTuner:
                 step = max(1, len(rest) // max(1, self.cfg.max_candidates))
                 cands = base + rest[::step][: self.cfg.max_candidates]
             out.extend((c, space) for c in cands)
+        if not self.cfg.accuracy.set:  # approximate configurations cannot be selected: not raced. A runtime's
+            # approximate default still runs: it fails as approximate, which tells the user what it is
+            out = [(c, s) for c, s in out if c.baseline or not c.approximate]
         for cand, prepared in self.cfg.extra:
             out.append((cand, prepared))
         return out
@@ -213,17 +225,24 @@ class DeviceTuner:
         info = self.info()
         if self._peak is None:  # once per device: a roofline needs the device's clock and ISA
             self._peak = device_peaks(self.client, info)
-        int8 = bool(cand and cand.param_dict.get("precision") == "int8")  # its roofline: the int8 peak
-        peak = self._peak[1 if int8 else 0]
+        # a lower precision's roofline: bf16/fp16 units do twice fp32's work a cycle, int8 its own peak
+        precision = cand.param_dict.get("precision") if cand else None
+        peak = self._peak[1] if precision == "int8" else self._peak[0]
+        if precision in ("bf16", "fp16") and peak is not None:
+            peak *= 2
         if cand and (cand.param_dict.get("execution_provider") in GPU_PROVIDERS
                      or cand.param_dict.get("device") == "cuda"):
             # a GPU candidate's roofline is its GPU's (stated tensor-core peak of its SM), not the CPU's
             sms = [g.get("sm") for g in info.fingerprint.get("gpus") or [] if isinstance(g, dict)]
             peak = max((p for p in map(gpu_peak_gflops, sms) if p), default=None)
-        return verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
-                          flops=wl.flops(), peak_gflops=peak,
-                          timings_trusted=not info.emulated,
-                          approximate=bool(cand and cand.approximate), budget=self.cfg.accuracy)
+        verdict = verify_job(res, wl.input_sets, wl.references(), wl.reference_for, wl.output_names,
+                             flops=wl.flops(), peak_gflops=peak,
+                             timings_trusted=not info.emulated,
+                             approximate=bool(cand and cand.approximate), budget=self.cfg.accuracy)
+        mismatch = check_precision(cand, res.backend_info) if cand is not None and res.ok else None
+        if mismatch:  # verified or not, a run in another precision than its label is not that candidate
+            return Verdict.failed(f"precision-mismatch: {mismatch}", code="precision-mismatch")
+        return verdict
 
     # ---- one shape point -------------------------------------------------------------------
     def tune_shape(self, run_id: str, model: Model, info: AgentInfo, wl: Workload, cands: list[tuple[Candidate, Any]],
@@ -269,8 +288,8 @@ class DeviceTuner:
             if isinstance(p, str):
                 res, verdict = JobResult("error", p), Verdict.failed(p)
             else:
-                res = self._job(wl, p, budget_ms)
-                verdict = self._verify(wl, res, cand)
+                res = self._job(job_wl, p, budget_ms)
+                verdict = self._verify(job_wl, res, cand)
             wall = res.wall_ms or (time.perf_counter() - t0) * 1e3
             if res.ok:
                 own = sum(res.samples_ns) / 1e6
@@ -476,6 +495,7 @@ class DeviceTuner:
             raise
         finally:
             out.jobs_run, out.jobs_skipped = self.jobs_run, self.jobs_skipped
+            out.families_not_run = dict(self.families_not_run)
             if self.hostwork.remote:
                 out.host_work = {"ray": self.hostwork.address, "workers": sorted(map(list, self.hostwork.workers))}
             if held_device is not None:

@@ -169,6 +169,25 @@ def device_state():
     return {"freq_khz": freqs or None, "temp_mc": temp}
 
 
+# CPU feature flags (x86 "flags", ARM "Features" in /proc/cpuinfo) -> the arithmetic they give natively
+CPU_PRECISION_FLAGS = (
+    ("bf16", ("avx512_bf16", "amx_bf16", "bf16")),  # x86 AVX512-BF16/AMX, ARMv8.6 BF16
+    ("fp16", ("avx512_fp16", "amx_fp16", "asimdhp")),  # x86 AVX512-FP16, ARMv8.2 half-precision SIMD
+    ("int8-dot", ("avx512_vnni", "avx_vnni", "asimddp")),  # VNNI, ARM dot-product
+    ("int8-matmul", ("amx_int8", "i8mm")),  # AMX tiles, ARM int8 matrix multiply
+)
+
+
+def cpu_precisions():
+    """What this CPU computes natively besides fp32, from its feature flags."""
+    flags = set()
+    for line in (_read("/proc/cpuinfo", "") or "").splitlines():
+        key, _, val = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(val.split())
+    return ["fp32"] + [name for name, any_of in CPU_PRECISION_FLAGS if flags & set(any_of)]
+
+
 def runtimes():
     out = {}
     try:
@@ -193,6 +212,19 @@ def runtimes():
             out["tflite_module"] = mod
         except Exception:
             pass
+    try:
+        import openvino
+
+        core = openvino.Core()
+        out["openvino"] = openvino.__version__.split("-")[0]
+        out["openvino_devices"] = list(core.available_devices)
+        if "CPU" in core.available_devices:
+            out["openvino_cpu_capabilities"] = list(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+            # the precision OpenVINO computes in when a user sets nothing (bf16 on CPUs with bf16 units)
+            out["openvino_cpu_default_precision"] = [ov_precision_name(core.get_property("CPU", "INFERENCE_PRECISION_HINT"))]
+    except Exception:
+        pass
+    out["cpu_precisions"] = cpu_precisions()
     try:  # importing tvm takes ~1 s: look it up instead
         import importlib.metadata
         import importlib.util
@@ -227,7 +259,7 @@ def backend_versions(backend):
 
     out = {"numpy": numpy.__version__}
     mods = {"ort": ("onnxruntime",), "tflite": ("ai_edge_litert", "tflite_runtime"), "tvm-relax": ("tvm",),
-            "tvm-kernel": ("tvm",), "torch": ("torch",)}
+            "tvm-kernel": ("tvm",), "torch": ("torch",), "openvino": ("openvino",)}
     for mod in mods.get(backend, ()):
         try:
             out[mod] = getattr(__import__(mod), "__version__", "unknown")
@@ -705,6 +737,90 @@ class TvmKernelBackend:
         return self.results()
 
 
+OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # candidate name -> INFERENCE_PRECISION_HINT
+OV_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
+
+
+def ov_precision_name(value):
+    """OpenVINO's element type (e.g. <Type: 'bfloat16'>) as a candidate's precision name."""
+    name = getattr(value, "get_type_name", lambda: str(value))()
+    return {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}.get(name, name)
+
+
+class OpenvinoBackend:
+    """OpenVINO on an ONNX model (or an int8 QDQ one), reshaped to the job's static shapes and
+    compiled with only the properties the candidate sets (none: the runtime's own default). Inputs
+    and outputs are tensors over the agent's buffers, bound by pointer; ``info`` says the precision
+    and streams the compiled model actually uses, which the host checks against the candidate."""
+
+    input_check = "runtime buffers"  # the input tensors share the agent's arrays (shared_memory)
+
+    def __init__(self, model_path, params, input_names, outputs):
+        import numpy as np
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(model_path)
+        shapes = params.get("shapes") or {}
+        if shapes:  # static shapes compile to faster code than dynamic ones: what a deployment does
+            model.reshape({name: ov.PartialShape([int(d) for d in dims]) for name, dims in shapes.items()})
+        config = {}
+        if "precision" in params:
+            config["INFERENCE_PRECISION_HINT"] = OV_PRECISIONS[params["precision"]]
+        if "hint" in params:
+            config["PERFORMANCE_HINT"] = OV_HINTS[params["hint"]]
+        if "threads" in params:
+            config["INFERENCE_NUM_THREADS"] = int(params["threads"])
+        if "streams" in params:
+            config["NUM_STREAMS"] = int(params["streams"])
+        if "pinning" in params:
+            config["ENABLE_CPU_PINNING"] = bool(params["pinning"])
+        device = params.get("device", "CPU")
+        if device not in core.available_devices:
+            raise RuntimeError("OpenVINO %s has no %s device (it has: %s)"
+                               % (ov.__version__, device, ", ".join(core.available_devices)))
+        self.compiled = core.compile_model(model, device, config)
+        self.request = self.compiled.create_infer_request()
+        self.ov, self.np = ov, np
+        self.input_names = list(input_names)
+        ports = {p.get_any_name(): i for i, p in enumerate(self.compiled.inputs)}
+        missing = [n for n in self.input_names if n not in ports]
+        if missing:
+            raise ValueError("the model has no input %s" % ", ".join(missing))
+        self._in_ports = [ports[n] for n in self.input_names]
+        self.out_bufs = [np.empty(o["shape"], dtype=o["dtype"]) for o in outputs]
+        for o, buf in zip(self.compiled.outputs, self.out_bufs):
+            if tuple(o.get_partial_shape().to_shape()) != buf.shape:
+                raise ValueError("output %s has shape %s, the reference %s"
+                                 % (o.get_any_name(), list(o.get_partial_shape().to_shape()), list(buf.shape)))
+        for i, buf in enumerate(self.out_bufs):  # results land in the agent's (poisoned) buffers
+            self.request.set_output_tensor(i, ov.Tensor(buf, shared_memory=True))
+        self._bound_inputs = None
+        self.info = {"inference_precision": ov_precision_name(self.compiled.get_property("INFERENCE_PRECISION_HINT")),
+                     "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")),
+                     "streams": int(self.compiled.get_property("NUM_STREAMS")),
+                     "threads": int(self.compiled.get_property("INFERENCE_NUM_THREADS")),
+                     "device": device}
+
+    def run(self, inputs):
+        if self._bound_inputs is not inputs:  # by pointer: the agent rewrites these arrays in place
+            for port, arr in zip(self._in_ports, inputs):
+                self.request.set_input_tensor(port, self.ov.Tensor(arr, shared_memory=True))
+            self._bound_inputs = inputs
+        self.request.infer()
+
+    def poison(self):
+        for buf in self.out_bufs:
+            if buf.dtype.kind == "f":
+                buf.fill(self.np.nan)
+
+    def results(self):
+        return [b.copy() for b in self.out_bufs]
+
+    def live(self):
+        return self.out_bufs
+
+
 class AdapterBackend:
     """A user-supplied Python adapter (e.g. a vendor NPU runtime): the artifact is a .py file
     defining load(model_path, params) -> callable(list[np.ndarray]) -> list[np.ndarray]."""
@@ -917,7 +1033,7 @@ class TorchBackend:
 
 
 BACKENDS = {"ort": OrtBackend, "tflite": TfliteBackend, "tvm-relax": TvmRelaxBackend, "tvm-kernel": TvmKernelBackend,
-            "adapter": AdapterBackend, "torch": TorchBackend}
+            "adapter": AdapterBackend, "torch": TorchBackend, "openvino": OpenvinoBackend}
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -1157,6 +1273,8 @@ def run_job(jobdir, req):
         return failed(result, "load failed", exc, limits)
     result["load_ms"] = (time.perf_counter_ns() - t0) / 1e6
     result["input_check"] = getattr(backend, "input_check", "agent copy")
+    if getattr(backend, "info", None):  # how the runtime runs it (e.g. the precision it compiled for)
+        result["backend_info"] = backend.info
     # a backend whose inputs live on an accelerator uploads each new input here, outside the timed run
     stage = getattr(backend, "stage", None) or (lambda w: None)
 

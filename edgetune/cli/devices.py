@@ -39,7 +39,7 @@ def _probe(spec, gpu: bool = False) -> dict:
                    os=fp.get("os"), kernel=fp.get("kernel"), cpu=fp.get("cpu_model"), soc=fp.get("soc"),
                    max_freq_khz=fp.get("max_freq_khz"), governor=fp.get("governor"), python=info.python,
                    runtimes=rt, emulated=fp.get("emulated"), fingerprint_key=info.fingerprint_key,
-                   gpus=fp.get("gpus") or [])
+                   gpus=fp.get("gpus") or [], precisions=_precisions(info.runtimes))
         if gpu and row["gpus"]:
             row["gpu_features"] = gpu_features(client, info)
     except EdgetuneError as exc:
@@ -53,6 +53,17 @@ def _probe(spec, gpu: bool = False) -> dict:
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
     return row
+
+
+def _precisions(runtimes: dict) -> dict:
+    """What the device computes natively (its CPU's feature flags) and what OpenVINO's CPU plugin
+    computes in by default: the precisions the candidate spaces follow."""
+    cpu = runtimes.get("cpu_precisions")
+    ov = runtimes.get("openvino_cpu_default_precision")
+    out: dict = {"cpu": [str(p) for p in cpu] if isinstance(cpu, list) else None}
+    if isinstance(ov, list) and ov:
+        out["openvino_default"] = str(ov[0]) + (" (approximate)" if ov[0] != "fp32" else "")
+    return out
 
 
 # what the host itself needs for a GPU device, beside what its agent tries there
@@ -127,6 +138,11 @@ def _cells(r: dict) -> list:
         down = Text.assemble(("down", "red"), ": ", device_text(r.get("error", "")))
         return [name, url, down, "", "", "", "", "", "", ""]
     rts = ", ".join(f"{device_text(k)} {device_text(v)}" for k, v in r["runtimes"].items()) or "none"
+    prec = r.get("precisions") or {}
+    if prec.get("cpu"):
+        rts += "; CPU computes " + ", ".join(map(device_text, prec["cpu"]))
+    if prec.get("openvino_default"):
+        rts += f"; OpenVINO's default: {device_text(prec['openvino_default'])}"
     health = Text.assemble(("ok", "green"), " (emulated)" if r.get("emulated") else "")
     return [name, url, health, plain(r["arch"]), plain(r["cores"]), plain(f"{r['os']} / {r['kernel']}"),
             plain(f"{r['cpu']}{_freq(r.get('max_freq_khz'))}, governor {r.get('governor')}"),

@@ -22,7 +22,8 @@ def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
         runs = [d.summary for d in outcome_or_runs.devices if d.summary is not None]
         devices = [{"device": d.device, "status": d.status, "error": d.error, "run_id": d.run_id,
                     "resumed": d.resumed, "jobs_run": d.jobs_run, "jobs_skipped": d.jobs_skipped,
-                    "joined": d.joined, "shapes_measured": list(d.shapes), "host_work": d.host_work}
+                    "joined": d.joined, "shapes_measured": list(d.shapes), "host_work": d.host_work,
+                    "families_not_run": dict(d.families_not_run)}
                    for d in outcome_or_runs.devices]
         devices_down = [{"device": d.device, "error": d.error} for d in outcome_or_runs.devices
                         if d.status not in ("complete", "joined")]

@@ -18,7 +18,8 @@ from edgetune.workload import Model, Workload
 SPACES = {"ort": "edgetune.space.ort", "tflite": "edgetune.space.tflite", "tvm-relax": "edgetune.space.tvm_relax",
           "tvm-tuned": "edgetune.space.tvm_relax:TUNED", "adapter": "edgetune.space.adapter",
           "ort-int8": "edgetune.space.ort_rewrite:INT8", "ort-fused": "edgetune.space.ort_rewrite:FUSED",
-          "ort-tvm": "edgetune.space.ort_tvm", "ort-gpu-fp16": "edgetune.space.ort_gpu:FP16"}
+          "ort-tvm": "edgetune.space.ort_tvm", "ort-gpu-fp16": "edgetune.space.ort_gpu:FP16",
+          "openvino": "edgetune.space.openvino"}
 # added to the spaces when the user sets an accuracy budget (ort-gpu-fp16: nothing without a GPU provider)
 APPROXIMATE_SPACES = ("ort-int8", "ort-gpu-fp16")
 
@@ -61,6 +62,8 @@ def space_of(cand: Candidate) -> Space:
     """The space that prepares a stored candidate: its backend's, or for a rewritten model (int8,
     fused, hybrid) the space that rewrites it, so a re-run measures the same artifact the tune did."""
     params = cand.param_dict
+    if cand.backend != "ort":  # only onnxruntime's candidates are rewritten by another space
+        return load_space(cand.backend)
     if "hybrid" in params:
         return load_space("ort-tvm")
     if params.get("precision") == "fp16" and "execution_provider" in params:  # a GPU's fp16

@@ -111,7 +111,7 @@ def _built(final: Path) -> Path | None:
     return next(final.glob("*.onnx"), None) if final.is_dir() else None
 
 
-def _cached(cache_dir: Path, kind: str, payload: dict[str, Any], spec: dict[str, Any],
+def cached_build(cache_dir: Path, kind: str, payload: dict[str, Any], spec: dict[str, Any],
             feeds: list[dict[str, Any]] | None = None) -> Path:
     """The artifact a rewrite (``spec``: ``fuse`` or ``quantize``, run by ``_child``) builds, cached
     in a directory of its own per key (a model and its external data files, if any). The rewrite
@@ -168,14 +168,16 @@ def _child(spec_path: str) -> int:
     out_dir = Path(spec["out_dir"])
     try:
         with _quiet():
+            feeds = None
+            if spec.get("feeds"):
+                z = np.load(spec["feeds"], allow_pickle=False)
+                feeds = [{n: z[f"s{i}_k{k}"] for k, n in enumerate(spec["feed_names"])}
+                         for i in range(int(spec["feed_sets"]))]
             if spec["op"] == "fuse":
                 made = fuse(Path(spec["src"]), spec["model_type"], out_dir)
+            elif spec["op"] == "nncf":
+                made = quantize_nncf(Path(spec["src"]), feeds or [], out_dir)
             else:
-                feeds = None
-                if spec.get("feeds"):
-                    z = np.load(spec["feeds"], allow_pickle=False)
-                    feeds = [{n: z[f"s{i}_k{k}"] for k, n in enumerate(spec["feed_names"])}
-                             for i in range(int(spec["feed_sets"]))]
                 made = quantize(Path(spec["src"]), spec["variant"], feeds, out_dir)
         keep = {made.name, *external_data_files(made)}
         for f in out_dir.iterdir():  # intermediate files of the recipe (pre-processed, augmented models)
@@ -265,6 +267,23 @@ def quantize(src: Path, variant: str, feeds: list[dict[str, Any]] | None, out_di
     return out
 
 
+def quantize_nncf(src: Path, feeds: list[dict[str, Any]], out_dir: Path) -> Path:
+    """NNCF's post-training quantization (its ONNX backend: a QDQ model OpenVINO runs in int8),
+    calibrated on ``feeds`` (all of them; the default preset: symmetric weights, per-channel)."""
+    # NNCF reports usage to Intel's telemetry unless told it runs in CI: nothing leaves this host
+    os.environ["NNCF_CI"] = "1"
+    import nncf
+    import onnx
+
+    model = onnx.load(str(src))
+    if _big(src):
+        raise BuildFailed("int8 by NNCF: models with external data are not quantized here")
+    quantized = nncf.quantize(model, nncf.Dataset(feeds), subset_size=len(feeds))
+    out = out_dir / "int8.onnx"
+    onnx.save(quantized, str(out))
+    return out
+
+
 def _session_params(cand: Candidate) -> dict[str, Any]:
     return {k: v for k, v in cand.param_dict.items() if k not in REWRITE_KEYS}
 
@@ -291,14 +310,14 @@ class OrtInt8Space:
         src, payload = model.path, {"model": model.sha256, "quant": variant, "rewrite": p.get("rewrite")}
         if p.get("rewrite"):
             mtype = str(p["rewrite"]).removeprefix("fuse-")
-            src = _cached(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
+            src = cached_build(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
                           {"op": "fuse", "src": str(model.path), "model_type": mtype})
         feeds = None
         if variant in STATIC:
             feeds = calibration_feeds(workload)
             payload["calibration"] = [hashlib.sha256(b"".join(a.tobytes() for a in f.values())).hexdigest()[:16]
                                       for f in feeds]
-        art = _cached(cache_dir, "ort-int8", payload, {"op": "quantize", "src": str(src), "variant": variant}, feeds)
+        art = cached_build(cache_dir, "ort-int8", payload, {"op": "quantize", "src": str(src), "variant": variant}, feeds)
         return Prepared("ort", art, _session_params(cand))
 
 
@@ -313,7 +332,7 @@ class OrtFusedSpace:
     def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
         mtype = str(cand.param_dict["rewrite"]).removeprefix("fuse-")
         model = workload.model
-        art = _cached(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
+        art = cached_build(cache_dir, "ort-fused", {"model": model.sha256, "type": mtype},
                       {"op": "fuse", "src": str(model.path), "model_type": mtype})
         return Prepared("ort", art, _session_params(cand))
 

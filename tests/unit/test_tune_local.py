@@ -11,6 +11,7 @@ from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.space.adapter import adapter_candidate
 from edgetune.tune import TuneConfig, tune
+from tests.conformance.suite import ADAPTERS
 
 
 def _cfg(**kw):
@@ -172,3 +173,27 @@ def test_tvm_tuned_candidate_is_tuned_verified_and_compared(tiny_model, tmp_path
     builds = [e for e in events if e["event"] == "build"]
     assert builds and all(e["candidate"].startswith("tvm-tuned") and e["kernel"] and e["trials"] >= 1 for e in builds)
     assert builds[0]["device"] == "local"
+
+
+def test_confirmation_rounds_run_and_verify_on_their_new_inputs(tiny_model, tmp_path, monkeypatch):
+    """Each record's workload is the one its job ran and was verified on: a confirmation round's new
+    inputs, not the race's (the record said new inputs while the job ran the race's)."""
+    from edgetune.select import is_confirmation
+    from edgetune.tune import DeviceTuner
+
+    ran, verified = [], []
+    job, verify = DeviceTuner._job, DeviceTuner._verify
+    monkeypatch.setattr(DeviceTuner, "_job", lambda self, wl, *a, **k: ran.append(wl.key()) or job(self, wl, *a, **k))
+    monkeypatch.setattr(DeviceTuner, "_verify",
+                        lambda self, wl, *a, **k: verified.append(wl.key()) or verify(self, wl, *a, **k))
+    extra = [adapter_candidate(str(ADAPTERS / "correct.py"))]
+    out = tune(tiny_model, ["local"], dims=["batch=4"], db=tmp_path / "t.db", config=_cfg(extra=extra))
+    assert out.devices[0].status == "complete", out.devices[0].error
+    store = Store(tmp_path / "t.db")
+    recs = store.records()
+    store.close()
+    conf = [r for r in recs if is_confirmation(r.round)]
+    assert conf and len({r.workload_key for r in conf}) == 3  # three rounds, each on inputs of its own
+    race_keys = {r.workload_key for r in recs if not is_confirmation(r.round)}
+    assert not race_keys & {r.workload_key for r in conf}
+    assert sorted(r.workload_key for r in recs) == sorted(ran) == sorted(verified)

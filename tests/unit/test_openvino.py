@@ -1,0 +1,128 @@
+"""OpenVINO as a runtime family on the local device: real agent processes, real OpenVINO, real NNCF.
+
+Its defaults are baselines labelled with the precision they compute in; an approximate default is
+judged by accuracy, never passed off as exact; a run in another precision than its label fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgetune.accuracy import AccuracyBudget
+from edgetune.agent.host import AgentClient
+from edgetune.candidate import Candidate
+from edgetune.devices.inventory import Inventory
+from edgetune.report import report_dict
+from edgetune.select import race_field
+from edgetune.space import Prepared, space_of
+from edgetune.space.openvino import SPACE, default_precision
+from edgetune.tune import TuneConfig, tune
+from edgetune.workload import build_workload, load_model
+from tests.conftest import require_module
+
+
+@pytest.fixture(scope="module")
+def local_info():
+    require_module("openvino")
+    client = AgentClient(Inventory().get("local"))
+    try:
+        return client.provision()
+    finally:
+        client.close()
+
+
+def _cfg(**kw):
+    base = dict(budget_s=4, rounds=1, finalists=2, timeout_s=30, spaces=("ort", "openvino"), max_candidates=2,
+                confirm_rounds=3)
+    base.update(kw)
+    return TuneConfig(**base)
+
+
+def _by_label(shape):
+    return {c.candidate.label(): c for c in shape.candidates}
+
+
+def test_the_device_says_what_openvino_computes_in(tiny_model, local_info):
+    rt = local_info.runtimes
+    assert rt["openvino"] and "CPU" in rt["openvino_devices"]
+    assert rt["cpu_precisions"][0] == "fp32"
+    native = default_precision(local_info)
+    # OpenVINO computes in bf16 by default exactly where the CPU has bf16 units
+    assert (native == "bf16") == ("bf16" in rt["cpu_precisions"]), (native, rt["cpu_precisions"])
+    cands = SPACE.candidates(load_model(tiny_model), local_info)
+    defaults = [c for c in cands if c.baseline]
+    assert defaults[0].param_dict == {"config": "default", "precision": native}
+    assert defaults[0].approximate == (native != "fp32")
+    if native != "fp32":  # the exact form of the default is a baseline too
+        assert defaults[1].label() == "openvino default (fp32)" and not defaults[1].approximate
+        assert defaults[0].label() == f"openvino default ({native}, approximate)"
+    assert all(space_of(c) is SPACE for c in cands)
+
+
+def test_exact_tune_races_openvino_and_never_passes_an_approximate_default(tiny_model, local_info, tmp_path):
+    out = tune(tiny_model, ["local"], dims=["batch=8"], db=tmp_path / "t.db", config=_cfg())
+    dev = out.devices[0]
+    assert dev.status == "complete", dev.error
+    shape = dev.summary.shapes[0]
+    by = _by_label(shape)
+    exact = by["openvino default (fp32)"]
+    assert exact.status == "verified" and exact.max_rel_err <= 1e-4
+    assert exact.candidate.baseline
+    native = default_precision(local_info)
+    if native != "fp32":
+        approx = by[f"openvino default ({native}, approximate)"]
+        assert approx.status == "failed" and approx.reason.startswith("approximate (cosine")
+    # no approximate configuration is raced without a budget (only the default shows what it is)
+    assert not [c for c in shape.candidates if c.candidate.approximate and not c.candidate.baseline]
+    # every exact runtime default is a baseline the selection is measured against
+    rows = [r for r in _records(tmp_path / "t.db") if r.shape_key == shape.shape_key]
+    base = {k for k in race_field(rows).baselines}
+    assert exact.candidate.key() in base and by["ort default"].candidate.key() in base
+    assert report_dict(out)["runs"][0]["shapes"][0]["best_baseline"] in base
+
+
+def test_under_a_budget_the_approximate_forms_are_judged_by_accuracy(tiny_model, local_info, tmp_path):
+    assert "INT8" in local_info.runtimes["openvino_cpu_capabilities"]
+    cfg = _cfg(accuracy=AccuracyBudget(cosine=0.99), max_candidates=None, spaces=("openvino",))
+    out = tune(tiny_model, ["local"], dims=["batch=8"], db=tmp_path / "t.db", config=cfg)
+    dev = out.devices[0]
+    assert dev.status == "complete", dev.error
+    by = _by_label(dev.summary.shapes[0])
+    int8 = by["openvino precision=int8 quant=nncf"]
+    assert int8.status == "verified", int8.reason
+    assert int8.accuracy["cosine"] >= 0.99 and int8.candidate.approximate
+    native = default_precision(local_info)
+    if native != "fp32":
+        approx = by[f"openvino default ({native}, approximate)"]
+        assert approx.status == "verified" and approx.accuracy["cosine"] >= 0.99
+
+
+def test_a_run_in_another_precision_than_its_label_fails(tiny_model, local_info, tmp_path):
+    caps = local_info.runtimes.get("openvino_cpu_capabilities") or []
+    wl = build_workload(load_model(tiny_model), {"batch": 8}, {}, n_seeded=1)
+    shapes = {n: list(a.shape) for n, a in zip(wl.input_names, wl.input_sets[0])}
+    # labelled exact, compiled for bf16 where the CPU has it; else labelled bf16, which OpenVINO
+    # cannot give there and compiles as fp32: a mismatch either way
+    if "BF16" in caps:
+        cand = Candidate.make("openvino", {"precision": "fp32", "hint": "latency", "threads": 1, "note": "lies"})
+        params = {"precision": "bf16", "shapes": shapes}
+    else:
+        cand = Candidate.make("openvino", {"precision": "bf16", "hint": "latency", "threads": 1, "note": "lies"})
+        params = {"precision": "bf16", "shapes": shapes}
+    lying = (cand, Prepared("openvino", wl.model.path, params))
+    out = tune(tiny_model, ["local"], dims=["batch=8"], db=tmp_path / "t.db",
+               config=_cfg(extra=[lying], spaces=("ort",), accuracy=AccuracyBudget(cosine=0.5)))
+    dev = out.devices[0]
+    assert dev.status == "complete", dev.error
+    c = next(c for c in dev.summary.shapes[0].candidates if c.candidate.key() == cand.key())
+    assert c.status == "failed" and c.reason.startswith("precision-mismatch: labelled"), c.reason
+    assert dev.summary.shapes[0].best.candidate.key() != cand.key()
+
+
+def _records(db):
+    from edgetune.db import Store
+
+    st = Store(db)
+    try:
+        return st.records()
+    finally:
+        st.close()

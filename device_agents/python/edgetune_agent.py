@@ -213,8 +213,7 @@ def runtimes():
         except Exception:
             pass
     try:
-        import openvino
-
+        openvino = import_openvino()
         core = openvino.Core()
         out["openvino"] = openvino.__version__.split("-")[0]
         out["openvino_devices"] = list(core.available_devices)
@@ -260,6 +259,7 @@ def backend_versions(backend):
     out = {"numpy": numpy.__version__}
     mods = {"ort": ("onnxruntime",), "tflite": ("ai_edge_litert", "tflite_runtime"), "tvm-relax": ("tvm",),
             "tvm-kernel": ("tvm",), "torch": ("torch",), "openvino": ("openvino",)}
+    sys.modules.setdefault("openvino_telemetry", None)  # (see import_openvino)
     for mod in mods.get(backend, ()):
         try:
             out[mod] = getattr(__import__(mod), "__version__", "unknown")
@@ -535,6 +535,18 @@ class TfliteBackend:
         self.out_details = self.interp.get_output_details()
         self._allocated_for = None
         self._current = None
+        # a converted model's layout mapping (PROTOCOL.md, tflite): request input k goes to tensor
+        # inputs[k].index as x.transpose(perm); request output k is tensor outputs[k].index transposed
+        # by its perm. Without one (a user's own .tflite): the model's tensors in its own order.
+        self.in_map = self.out_map = None
+        if "inputs" in params or "outputs" in params:
+            self.in_map = [(int(m["index"]), tuple(int(x) for x in m["perm"])) for m in params["inputs"]]
+            self.out_map = [(int(m["index"]), tuple(int(x) for x in m["perm"])) for m in params["outputs"]]
+            if len(self.in_map) != len(input_names) or len(self.out_map) != len(outputs):
+                raise ValueError("layout mapping has %d inputs and %d outputs, the request %d and %d"
+                                 % (len(self.in_map), len(self.out_map), len(input_names), len(outputs)))
+            self.interp.allocate_tensors()  # a converted model has static shapes
+            self._allocated_for = "mapped"
 
     def _prepare(self, inputs):
         shapes = tuple(a.shape for a in inputs)
@@ -548,6 +560,13 @@ class TfliteBackend:
         for d, a in zip(self.in_details, inputs):  # every run: the agent changes inputs in place
             self.interp.set_tensor(d["index"], a)
 
+    def stage(self, inputs):
+        """Mapped inputs are copied (transposed) into the interpreter's tensors here, outside the timed run."""
+        if self.in_map is None:
+            return
+        for (index, perm), a in zip(self.in_map, inputs):
+            self.interp.set_tensor(index, self.np.ascontiguousarray(a.transpose(perm)))
+
     def poison(self):
         if self._allocated_for is None:
             return
@@ -558,10 +577,14 @@ class TfliteBackend:
             del view
 
     def run(self, inputs):
-        self._prepare(inputs)
+        if self.in_map is None:
+            self._prepare(inputs)
         self.interp.invoke()
 
     def results(self):
+        if self.out_map is not None:
+            return [self.np.ascontiguousarray(self.interp.get_tensor(index).transpose(perm))
+                    for index, perm in self.out_map]
         return [self.np.array(self.interp.get_tensor(d["index"])) for d in self.out_details]
 
 
@@ -741,6 +764,15 @@ OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # candidate name
 OV_HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
 
 
+def import_openvino():
+    """OpenVINO without its telemetry: ``import openvino`` sends a usage event to an analytics
+    service unless a consent file says no; with openvino_telemetry unimportable it uses its stub."""
+    sys.modules.setdefault("openvino_telemetry", None)
+    import openvino
+
+    return openvino
+
+
 def ov_precision_name(value):
     """OpenVINO's element type (e.g. <Type: 'bfloat16'>) as a candidate's precision name."""
     name = getattr(value, "get_type_name", lambda: str(value))()
@@ -757,8 +789,8 @@ class OpenvinoBackend:
 
     def __init__(self, model_path, params, input_names, outputs):
         import numpy as np
-        import openvino as ov
 
+        ov = import_openvino()
         core = ov.Core()
         model = core.read_model(model_path)
         shapes = params.get("shapes") or {}

@@ -40,8 +40,59 @@ def report_dict(outcome_or_runs: Any) -> dict[str, Any]:
 
 
 def _with_command(run: dict[str, Any]) -> dict[str, Any]:
-    """A run with ``command``: the recorded command line that reproduces it, null when none was."""
-    return {**run, "command": recorded_command(run)}
+    """A run with ``command``: the recorded command line that reproduces it, null when none was;
+    each shape with the choice a user faces (``families``) and its verdict in words (``verdict``)."""
+    shapes = [{**s, "families": families(s), "verdict": verdict_line(s)} for s in run.get("shapes", [])]
+    return {**run, "shapes": shapes, "command": recorded_command(run)}
+
+
+FAMILIES = {"ort": "onnxruntime", "openvino": "OpenVINO", "tflite": "LiteRT", "tvm-relax": "TVM",
+            "tvm-tuned": "TVM", "adapter": "adapter", "torch": "PyTorch"}
+
+
+def family_of(cand: dict[str, Any]) -> tuple[str, str]:
+    """(runtime family, precision) of a candidate as the report shows it."""
+    params = cand.get("params") or {}
+    return FAMILIES.get(cand["backend"], cand["backend"]), str(params.get("precision") or "fp32")
+
+
+def families(shape: dict[str, Any]) -> list[dict[str, Any]]:
+    """The best verified candidate of each runtime family and precision (by its race median): what
+    a user picking a runtime by hand would choose between. Fastest first; the selected one marked."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in shape["candidates"]:
+        if c["status"] != "verified" or not c["stats"]:
+            continue
+        fam = family_of(c["candidate"])
+        if fam not in best or c["stats"]["median_ms"] < best[fam]["stats"]["median_ms"]:
+            best[fam] = c
+    rows = []
+    for (fam, prec), c in sorted(best.items(), key=lambda kv: kv[1]["stats"]["median_ms"]):
+        rows.append({"family": fam, "precision": prec, "approximate": bool(c.get("approximate")),
+                     "label": c["label"], "key": c["candidate"]["key"], "median_ms": c["stats"]["median_ms"],
+                     "ci95_ms": c["stats"]["ci95_ms"], "accuracy": c.get("accuracy"), "max_rel_err": c.get("max_rel_err"),
+                     "selected": c["candidate"]["key"] == shape["best"]})
+    return rows
+
+
+def verdict_line(shape: dict[str, Any]) -> str:
+    """The selection and the confirmation it rests on, naming the baseline it was judged against."""
+    by = {c["candidate"]["key"]: c for c in shape["candidates"]}
+    best = by.get(shape["best"])
+    if best is None:
+        return "nothing verified: no configuration is selected"
+    conf = shape.get("confirmation") or {}
+    base = by.get(conf.get("baseline") or shape.get("best_baseline"))
+    contender = by.get(conf.get("contender"))
+    sp = conf.get("speedup_vs_best_baseline")
+    if contender is None or base is None or sp is None:
+        return f"selected {best['label']} (no contender was confirmed against a baseline)"
+    fig = f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] over {sp['rounds']} confirmation rounds"
+    if sp["verdict"] == "faster":
+        return f"selected {contender['label']}: confirmed faster than the strongest baseline, {base['label']}, {fig}"
+    said = {"slower": "was confirmed slower than it", "no significant difference": "showed no significant difference "
+            "from it", "insufficient rounds": "had too few confirmation rounds for a verdict"}.get(sp["verdict"], sp["verdict"])
+    return f"selected the strongest baseline, {base['label']}: the race's winner {contender['label']} {said} ({fig})"
 
 
 def compare_devices(runs: Iterable[RunSummary]) -> list[dict[str, Any]]:
@@ -130,7 +181,16 @@ def markdown(rep: dict[str, Any]) -> str:
             if several:  # a joined run: each point measured, baselines included, on one device of the kind
                 first, *then = (s.get("measured_on") or "?").split(",")
                 shape += f" (measured on {md_code(first)}" + "".join(f", resumed on {md_code(x)}" for x in then) + ")"
-            out += [f"### {shape}", "",
+            out += [f"### {shape}", "", f"**{t(s['verdict'])}**", "",
+                    "The best of each runtime family and precision (race medians, screening figures):", "",
+                    "| family | precision | best configuration | median ms | 95% CI ms | error / accuracy |",
+                    "|---|---|---|---|---|---|"]
+            for f in s["families"]:
+                mark = " **selected**" if f["selected"] else ""
+                prec = f["precision"] + (" (approximate)" if f["approximate"] else "")
+                out.append(f"| {t(f['family'])} | {t(prec)} | {t(f['label'])}{mark} | {f['median_ms']:.4f} | "
+                           f"{f['ci95_ms'][0]:.4f}–{f['ci95_ms'][1]:.4f} | {fmt_err(f)} |")
+            out += ["",
                     "| candidate | key | status | phase | median ms | 95% CI ms | p10–p90 ms | CV | n | max rel err / accuracy | speedup vs default [95% CI] |",
                     "|---|---|---|---|---|---|---|---|---|---|---|"]
             for c in s["candidates"]:

@@ -120,7 +120,14 @@ def render(rep: dict[str, Any]) -> str:
                      f"<br>command {command_html(run)}, run <code>{e(run['run_id'])}</code></p>")
         for s in run["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
-            parts.append(f"<h3>{e(shape)}</h3>{_chart(s)}{_tradeoff(s)}<table><tr><th>candidate</th><th>key</th><th>status</th>"
+            fam = "".join(f"<tr class='{'best' if f['selected'] else ''}'><td>{e(f['family'])}</td><td>"
+                          f"{e(f['precision'] + (' (approximate)' if f['approximate'] else ''))}</td><td>{e(f['label'])}"
+                          f"</td><td>{f['median_ms']:.4f}</td><td>{f['ci95_ms'][0]:.4f}–{f['ci95_ms'][1]:.4f}</td>"
+                          f"<td>{e(fmt_err(f))}</td></tr>" for f in s["families"])
+            parts.append(f"<h3>{e(shape)}</h3><p><b>{e(s['verdict'])}</b></p><table><tr><th>runtime family</th>"
+                         f"<th>precision</th><th>best configuration</th><th>median ms</th><th>95% CI ms</th>"
+                         f"<th>error / accuracy</th></tr>{fam}</table>")
+            parts.append(f"{_chart(s)}{_tradeoff(s)}<table><tr><th>candidate</th><th>key</th><th>status</th>"
                          "<th>median ms</th><th>95% CI ms</th><th>CV</th><th>n</th><th>max rel err / accuracy</th>"
                          "<th>speedup vs default [95% CI]</th></tr>")
             for c in s["candidates"]:

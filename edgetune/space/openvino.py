@@ -21,6 +21,8 @@ verification inputs (``ort_rewrite.calibration_feeds``), built in a child proces
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +110,8 @@ class OpenvinoSpace:
 
 def quantized(wl: Workload, cache_dir: Path) -> Path:
     """NNCF's post-training int8 quantization of the model (QDQ ONNX), calibrated on seeded sets."""
-    try:
-        import nncf  # noqa: F401 (the child imports it; an ImportError says what to install here)
-    except ImportError:
-        raise BuildFailed("int8 by NNCF needs the openvino extra: pip install 'edgetune[openvino]'") from None
+    if importlib.util.find_spec("nncf") is None:  # (the build's child process imports it)
+        raise BuildFailed("int8 by NNCF needs the openvino extra: pip install 'edgetune[openvino]'")
     feeds = calibration_feeds(wl)
     payload = {"model": wl.model.sha256, "quant": "nncf", "nncf": _nncf_version(),
                "calibration": [hashlib.sha256(b"".join(a.tobytes() for a in f.values())).hexdigest()[:16]
@@ -120,8 +120,6 @@ def quantized(wl: Workload, cache_dir: Path) -> Path:
 
 
 def _nncf_version() -> str:
-    import importlib.metadata
-
     return importlib.metadata.version("nncf")
 
 

@@ -272,6 +272,7 @@ def quantize_nncf(src: Path, feeds: list[dict[str, Any]], out_dir: Path) -> Path
     calibrated on ``feeds`` (all of them; the default preset: symmetric weights, per-channel)."""
     # NNCF reports usage to Intel's telemetry unless told it runs in CI: nothing leaves this host
     os.environ["NNCF_CI"] = "1"
+    sys.modules.setdefault("openvino_telemetry", None)  # and OpenVINO's import (nncf imports it) neither
     import nncf
     import onnx
 

@@ -126,3 +126,32 @@ def _records(db):
         return st.records()
     finally:
         st.close()
+
+
+def test_nothing_imports_openvinos_telemetry(tmp_path, tiny_model):
+    """``import openvino`` sends a usage event to an analytics service through openvino_telemetry
+    when that package is importable: the agent and the NNCF build must never let it load."""
+    require_module("openvino")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    marker = tmp_path / "telemetry-loaded"
+    fake = tmp_path / "site"
+    fake.mkdir()
+    (fake / "openvino_telemetry.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = {**os.environ, "PYTHONPATH": str(fake)}
+    # the fake is importable: a plain import of openvino loads it
+    subprocess.run([sys.executable, "-c", "import openvino"], env=env, check=True)
+    assert marker.exists()
+    marker.unlink()
+    agent = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
+    out = subprocess.run([sys.executable, str(agent), "info"], env=env, capture_output=True, text=True, check=True)
+    assert '"openvino"' in out.stdout and not marker.exists()
+    code = ("import sys; from pathlib import Path; from edgetune.space.ort_rewrite import quantize_nncf; "
+            f"import numpy as np; quantize_nncf(Path({str(tiny_model)!r}), "
+            "[{'x': np.ones((2, 16), np.float32)}], Path(sys.argv[1]))")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], env={**env, "PYTHONPATH": f"{fake}:{os.getcwd()}"},
+                   check=True, capture_output=True)
+    assert (tmp_path / "int8.onnx").exists() and not marker.exists()

@@ -107,6 +107,12 @@ def _runtimes(info, m, entry) -> list[tuple[str, Candidate | None, str]]:
                 out.append((f"onnxruntime {ep}", Candidate.make("ort", {"execution_provider": ep}), ""))
     else:
         out.append(("onnxruntime", None, "no onnxruntime on the device"))
+    from edgetune.space.openvino import SPACE as OPENVINO
+
+    why_not = OPENVINO.unavailable(m, info)
+    # its exact form: OpenVINO's default is bf16 on CPUs with bf16 units, not what an exact check checks
+    out.append(("OpenVINO (fp32)", None if why_not else Candidate.make("openvino", {"config": "default", "precision": "fp32"},
+                                                                       baseline=True), why_not or ""))
     tfl = entry.tflite
     if tfl is not None:
         out.append(("LiteRT/XNNPACK", None, f"no .tflite form: {tfl}"))

@@ -42,7 +42,10 @@ def test_zoo_check_local_json_and_html(tmp_path):
     assert doc["schema"] == "edgetune.zoo-check/1" and "float64" in doc["reference"]
     ort = [c for c in doc["cells"] if c["runtime"] == "onnxruntime"]
     assert len(ort) == 2 and all(c["status"] == "pass" and c["max_rel_err"] < 1e-3 for c in ort)
-    assert all(c["status"] == "n/a" and c["reason"] for c in doc["cells"] if c["runtime"] != "onnxruntime")
+    ov = [c for c in doc["cells"] if c["runtime"] == "OpenVINO (fp32)"]  # the exact form, verified like onnxruntime
+    assert len(ov) == 2 and all(c["status"] == "pass" and c["max_rel_err"] < 1e-3 for c in ov), ov
+    assert all(c["status"] == "n/a" and c["reason"] for c in doc["cells"]
+               if c["runtime"] not in ("onnxruntime", "OpenVINO (fp32)"))
     assert html.read_text().count("<tr>") == 3
 
 

@@ -127,6 +127,9 @@ class Ratio:
     ci_high: float
     rounds: int | None = None
     method: str = "bootstrap"
+    level: float = 0.95  # the interval's confidence (a sequential look's is wider than 95%)
+    # the smallest speedup (or slowdown, 1/x) these rounds had 80% power to find at this level; None: unknown
+    detectable: float | None = None
 
     @property
     def verdict(self) -> str:
@@ -140,7 +143,8 @@ class Ratio:
 
     def as_dict(self) -> dict:
         return {"speedup": self.value, "ci95": [self.ci_low, self.ci_high], "verdict": self.verdict,
-                "rounds": self.rounds, "method": self.method}
+                "rounds": self.rounds, "method": self.method, "level": self.level,
+                **({"detectable": self.detectable} if self.detectable is not None else {})}
 
 
 # two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (beyond: normal 1.96 + 2.4/df)
@@ -155,12 +159,65 @@ def t975(df: int) -> float:
     return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
 
 
-def round_ratio(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Ratio:
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (Lentz's method)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t (p in (0.5, 1)), by bisection on ``t_sf``."""
+    if df < 1:
+        raise ValueError("a t interval needs at least 2 rounds")
+    lo, hi = 0.0, 1.0
+    while t_sf(hi, df) > 1.0 - p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_sf(mid, df) > 1.0 - p else (lo, mid)
+        if hi - lo < 1e-10 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def round_ratio(pairs: Sequence[tuple[np.ndarray, np.ndarray]], level: float = 0.95) -> Ratio:
     """Speedup from independent interleaved rounds: pairs[r] = (baseline samples, candidate samples)
     of round r (fresh processes each round). Each round gives one log ratio of medians; the interval
     is Student's t on those per-round log ratios, exact for few rounds when round effects are roughly
     log-normal, and back-transformed (geometric mean of per-round ratios). One round gives the point
-    value with no interval and no verdict."""
+    value with no interval and no verdict. ``level``: the interval's confidence (a sequential look
+    spends only part of the 5%, ``alpha_spent``); ``detectable``: the smallest effect these rounds
+    had 80% power to find at that level, from their spread."""
     logs = np.array([math.log(float(np.median(_as_array(b))) / float(np.median(_as_array(c))))
                      for b, c in pairs if np.median(_as_array(c)) > 0 and np.median(_as_array(b)) > 0])
     n = int(logs.size)
@@ -169,10 +226,46 @@ def round_ratio(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Ratio:
     mean = float(logs.mean())
     if n == 1:
         v = math.exp(mean)
-        return Ratio(v, v, v, rounds=1, method="t on per-round log ratios")
-    half = t975(n - 1) * float(logs.std(ddof=1)) / math.sqrt(n)
+        return Ratio(v, v, v, rounds=1, method="t on per-round log ratios", level=level)
+    q = t975(n - 1) if level == 0.95 else t_quantile(1.0 - (1.0 - level) / 2.0, n - 1)
+    se = float(logs.std(ddof=1)) / math.sqrt(n)
+    half = q * se
+    detectable = math.exp((q + t_quantile(0.8, n - 1)) * se)
     return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), rounds=n,
-                 method="t on per-round log ratios")
+                 method="t on per-round log ratios", level=level, detectable=detectable)
+
+
+# ---- sequential confirmation: looks and alpha spending ----------------------------------------
+# Confirmation rounds go on until a look's interval excludes 1.0 or the cap is reached. Looking more
+# than once at growing data would inflate the false verdict rate, so each look k gets only a share
+# alpha_k of the 5% (Lan-DeMets alpha spending, Pocock-shaped: alpha(t) = alpha ln(1 + (e - 1) t) at
+# information fraction t = n / cap, so early looks can stop on a clear effect and the last keeps a
+# fair share), and the false verdict rate is bounded by the union bound: P(any look wrong) <=
+# sum alpha_k = alpha, whatever the dependence between looks (exact, if conservative, for the t
+# intervals used). Several contenders confirmed one after another share the 5% the same way.
+ALPHA = 0.05
+LOOK_FRACTIONS = (0.25, 0.4, 0.6, 0.8, 1.0)
+
+
+def looks(cap: int) -> tuple[int, ...]:
+    """The round counts at which a confirmation of at most ``cap`` rounds is judged."""
+    pts = {max(MIN_VERDICT_ROUNDS, round(cap * f)) for f in LOOK_FRACTIONS}
+    return tuple(sorted(n for n in pts if n <= cap)) or (cap,)
+
+
+def spent(t: float, alpha: float = ALPHA) -> float:
+    """Pocock-shaped alpha spending function: the share of ``alpha`` spent by information fraction t."""
+    return alpha * math.log(1.0 + (math.e - 1.0) * min(1.0, max(0.0, t)))
+
+
+def look_levels(cap: int, alpha: float = ALPHA) -> dict[int, float]:
+    """Round count -> the confidence level of its look (1 - its alpha share); a single look: 1 - alpha."""
+    out, before = {}, 0.0
+    for n in looks(cap):
+        now = spent(n / cap, alpha)
+        out[n] = 1.0 - (now - before)
+        before = now
+    return out
 
 
 def speedup(baseline: Sequence[float] | np.ndarray, candidate: Sequence[float] | np.ndarray,

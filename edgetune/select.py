@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from edgetune.db import RecordRow
-from edgetune.measure import Ratio, round_ratio
+from edgetune.measure import ALPHA, Ratio, look_levels, looks, round_ratio
 from edgetune.workload import Workload, build_workload
 
 CONFIRM_BASE = 1000  # stored round = CONFIRM_BASE + confirmation round (1, 2, ...)
@@ -119,8 +119,23 @@ class Disqualified:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """A contender whose confirmation ended without a "faster" verdict, before a runner-up's began."""
+
+    key: str
+    rounds: tuple[int, ...]
+    verdict: str  # slower | no significant difference
+    level: float
+
+
+# Contenders confirmed one after another (the winner, then runner-ups while the budget lasts) share
+# the 5% false verdict rate: the winner's test gets 70% of it, the runner-up's 30% (union bound).
+CONTENDER_SHARES = (0.7, 0.3)
+
+
+@dataclass(frozen=True)
 class Confirmation:
-    contender: str | None  # the winner being confirmed (None: no verified contender left)
+    contender: str | None  # the contender being (or last) confirmed (None: no verified contender left)
     baseline: str | None  # the strongest verified baseline
     default: str | None  # the runtime default, if still verified
     rounds: tuple[int, ...]  # confirmation rounds k, complete for the current participants
@@ -129,6 +144,10 @@ class Confirmation:
     # every round k walked so far (next_round included), with its participants in running order:
     # what a run that was never interrupted has run, so a resumed one runs (or skips) exactly that
     walked: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    level: float = 0.95  # confidence level of the interval the verdict comes from (its look's)
+    decided: bool = False  # a look's interval excluded 1.0 (faster or slower): no more rounds for it
+    ended: tuple[Ended, ...] = ()  # earlier contenders whose confirmation gave no "faster"
+    cap: int | None = None  # rounds at most per contender (None: a run that predates sequential looks)
 
     @property
     def participants(self) -> tuple[str, ...]:
@@ -148,23 +167,43 @@ def _confirm_records(rows: Sequence[RecordRow]) -> dict[tuple[str, int], RecordR
     return {(r.candidate_key, confirm_index(r.round)): r for r in rows if is_confirmation(r.round)}
 
 
-def replay(rows: Sequence[RecordRow], target: int | None) -> Confirmation:
+def _level(cap: int | None, shares: Sequence[float], slot: int, n: int) -> float:
+    """The confidence level of the look at n counted rounds of contender ``slot``: a planned look's,
+    or, between looks, the next planned look's (a confirmation cut short there takes that look at the
+    rounds it has: each path takes each look once, so the spending bound holds)."""
+    if cap is None:
+        return 0.95
+    alpha = ALPHA * shares[min(slot, len(shares) - 1)]
+    levels = look_levels(cap, alpha)
+    return next((lv for m, lv in sorted(levels.items()) if m >= n), levels[max(levels)])
+
+
+def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False) -> Confirmation:
     """Walk the stored confirmation rounds of one shape in order and say where confirmation stands.
 
-    ``target``: confirmation rounds wanted (None: count every stored round, for runs whose
-    configuration predates confirmation). Deterministic in the stored records, so the tuner,
-    a resumed run and a report all agree."""
+    Sequential (``target``: the cap of rounds per contender): after each planned look
+    (``measure.looks``) the contender-vs-baseline interval at that look's level decides: "faster"
+    ends the confirmation; "slower", or the cap without a verdict, hands the rounds to the runner-up
+    (at most ``len(CONTENDER_SHARES)`` contenders, each with its share of the 5%) when its rounds are
+    stored or ``extend`` says there is time to run them (the tuner's call). ``target`` None:
+    a run recorded before sequential looks, every stored round counted at 95%. Deterministic in the
+    stored records, so the tuner, a resumed run and a report all agree."""
     field = race_field(rows)
     stored = _confirm_records(rows)
     contenders, baselines, default = list(field.contenders), list(field.baselines), field.default
     counted: list[int] = []
     out: list[Disqualified] = []
+    ended: list[Ended] = []
     walked: list[tuple[int, tuple[str, ...]]] = []
+    planned = set(looks(target)) if target else set()
+    # a race with one contender has no runner-up to share the 5% with (fixed by the race, not the rounds)
+    shares = CONTENDER_SHARES if len(contenders) > 1 else (1.0,)
     k = 1
 
-    def state(next_round: int | None) -> Confirmation:
+    def state(next_round: int | None, decided: bool = False) -> Confirmation:
         return Confirmation(contenders[0] if contenders else None, baselines[0] if baselines else None, default,
-                            tuple(counted), tuple(out), next_round, tuple(walked))
+                            tuple(counted), tuple(out), next_round, tuple(walked),
+                            _level(target, shares, len(ended), len(counted)), decided, tuple(ended), target)
 
     while contenders and baselines and (target is None or len(counted) < target):
         parts = state(None).participants
@@ -186,21 +225,36 @@ def replay(rows: Sequence[RecordRow], target: int | None) -> Confirmation:
             return state(k)  # round k is (partly) still to run
         counted.append(k)
         k += 1
+        n = len(counted)
+        if target is None or (n not in planned and n < target):
+            continue
+        r = _pair_ratio(stored, contenders[0], baselines[0], counted, state(None).level)
+        if r.verdict == "faster":
+            return state(None, decided=True)
+        if r.verdict == "slower" or n >= target:  # this contender is done: the runner-up's turn, if any
+            runs_next = len(contenders) > 1 and (extend or any(
+                key in (contenders[1], baselines[0]) and kk == k for key, kk in stored))
+            if len(ended) + 1 >= len(shares) or not runs_next:
+                return state(None, decided=r.verdict == "slower")
+            ended.append(Ended(contenders[0], tuple(counted), r.verdict, r.level))
+            contenders = contenders[1:]
+            counted = []
     return state(None)
 
 
-def _samples(rows: Sequence[RecordRow]) -> dict[tuple[str, int], np.ndarray]:
-    return {key: r.samples_ns for key, r in _confirm_records(rows).items()}
+def _pair_ratio(stored: Mapping[tuple[str, int], RecordRow], cand: str, ref: str, rounds: Sequence[int],
+                level: float) -> Ratio:
+    return round_ratio([(stored[(ref, k)].samples_ns, stored[(cand, k)].samples_ns) for k in rounds], level=level)
 
 
 def confirmed_ratio(rows: Sequence[RecordRow], conf: Confirmation, ref: str | None, cand: str | None) -> Ratio | None:
-    """cand vs ref from the counted confirmation rounds only (> 1: cand faster), or None."""
+    """cand vs ref from the counted confirmation rounds only (> 1: cand faster), at the level of the
+    look the verdict comes from, or None."""
     if ref is None or cand is None or ref == cand or not conf.rounds:
         return None
     if ref not in conf.participants or cand not in conf.participants:
         return None
-    s = _samples(rows)
-    return round_ratio([(s[(ref, k)], s[(cand, k)]) for k in conf.rounds])
+    return _pair_ratio(_confirm_records(rows), cand, ref, conf.rounds, conf.level)
 
 
 def selected(field: RaceField, conf: Confirmation, verdict: str | None) -> str | None:

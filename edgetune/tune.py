@@ -34,6 +34,7 @@ from edgetune.hostwork import HostWork
 from edgetune.kernels.device_measure import device_peaks
 from edgetune.kernels.targets import gpu_peak_gflops
 from edgetune.results import RunSummary, summarize_run
+from edgetune.measure import looks
 from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
 from edgetune.space.openvino import check_precision
@@ -43,7 +44,8 @@ from edgetune.verify import Verdict, verify_job
 from edgetune.workload import Deadline, Model, Workload, build_workload, load_model, shape_points
 
 ProgressFn = Callable[[dict[str, Any]], None]
-DEFAULT_SPACES = ("ort", "ort-fused", "openvino", "tflite", "tvm-relax")
+MAX_LOAD_SCALE = 8.0  # a job's time limit grows with the device's load up to this factor
+DEFAULT_SPACES = ("ort", "ort-fused", "openvino", "litert", "tflite", "tvm-relax")
 
 
 @dataclass
@@ -51,7 +53,9 @@ class TuneConfig:
     budget_s: float = 60.0  # per device, all shape points together
     rounds: int = 3
     finalists: int = 5
-    confirm_rounds: int = 5  # fresh interleaved rounds that judge the race's winner (select.py)
+    # fresh interleaved rounds that judge the race's winner, at most (select.py: sequential looks stop
+    # earlier on a clear verdict; beyond the first look, rounds run only while the budget lasts)
+    confirm_rounds: int = 20
     timeout_s: float = 60.0  # per job, on top of its measuring budget
     spaces: tuple[str, ...] = DEFAULT_SPACES
     max_candidates: int | None = None  # cap per space (baseline always kept), for quick runs
@@ -111,6 +115,13 @@ class TuneOutcome:
         return report_dict(self)
 
 
+def sequential_plan(cap: int) -> int:
+    """The confirmation rounds planned for in time budgets: up to the second look (a clear effect
+    stops there), all of them when there is one look."""
+    lk = looks(cap) if cap else (0,)
+    return lk[1] if len(lk) > 1 else lk[0]
+
+
 def _versions(info: AgentInfo) -> dict[str, Any]:
     import onnxruntime
 
@@ -151,6 +162,8 @@ class DeviceTuner:
         self._peak: tuple[float | None, float | None] | None = None  # (fp32 GFLOP/s, int8 GOP/s)
         self.device_id: str | None = None  # the physical device (inventory.device_identity), once known
         self.families_not_run: dict[str, str] = {}
+        self._device_state: dict[str, Any] = {}  # the last job's view of the device (its load: _time_limit)
+        self._wall_s: dict[str, float] = {}  # candidate key -> its slowest verified job's wall time
 
     # ---- device access with bounded retries -------------------------------------------
     def _with_retries(self, fn, what: str):
@@ -208,18 +221,44 @@ class DeviceTuner:
         return out
 
     # ---- one job -------------------------------------------------------------------------
-    def _job(self, wl: Workload, prep: Prepared, budget_ms: float) -> JobResult:
+    def _time_limit(self, budget_ms: float, cand_key: str | None) -> float:
+        """A job's time limit: the configured one plus its measuring budget, scaled by the load the
+        device was under at its last job (1-minute load average per CPU, up to 8x), and never below
+        three times what the same candidate's slowest job took: an honest job on a busy machine is
+        slow, not hung."""
+        base = self.cfg.timeout_s + budget_ms / 1e3 * 3
+        load = self.load_factor()
+        seen = self._wall_s.get(cand_key or "", 0.0)
+        return max(base * load, 3.0 * seen)
+
+    def load_factor(self) -> float:
+        st = self._device_state
+        try:
+            per_cpu = float(st["load1"]) / max(1, int(st["cpus"]))
+        except (KeyError, TypeError, ValueError):
+            per_cpu = 0.0
+        if self.spec.kind == "local" or "@127." in self.spec.url or "@localhost" in self.spec.url:
+            # this host (or one reached over its loopback): its load now, before the device ever said
+            per_cpu = max(per_cpu, os.getloadavg()[0] / max(1, os.cpu_count() or 1))
+        return float(min(MAX_LOAD_SCALE, max(1.0, per_cpu)))
+
+    def _job(self, wl: Workload, prep: Prepared, budget_ms: float, cand_key: str | None = None) -> JobResult:
         refs = wl.references()
         specs = [{"name": n, "dtype": str(r.dtype), "shape": list(r.shape)} for n, r in zip(wl.output_names, refs[0])]
         job = Job(backend=prep.backend, artifact=prep.artifact, params=prep.params, input_names=wl.input_names,
                   input_sets=wl.input_sets, output_specs=specs, model=prep.model, budget_ms=budget_ms,
-                  warmup_ms=min(50.0, max(5.0, budget_ms / 5)), timeout_s=self.cfg.timeout_s + budget_ms / 1e3 * 3,
+                  warmup_ms=min(50.0, max(5.0, budget_ms / 5)), timeout_s=self._time_limit(budget_ms, cand_key),
                   # the device's bounds on a candidate (devices.toml: memory_mb, max_procs)
                   memory_mb=int(self.spec.options.get("memory_mb", MEMORY_MB)),
                   max_procs=int(self.spec.options.get("max_procs", MAX_PROCS)),
                   # an accelerator may take only part of the graph: ask where the nodes ran
                   placement=wants_placement(prep))
-        return self._with_retries(lambda: self.client.run_job(job), "running a job")
+        res = self._with_retries(lambda: self.client.run_job(job), "running a job")
+        if res.device_state:
+            self._device_state = res.device_state
+        if res.ok and cand_key:
+            self._wall_s[cand_key] = max(self._wall_s.get(cand_key, 0.0), res.wall_ms / 1e3)
+        return res
 
     def _verify(self, wl: Workload, res: JobResult, cand: Candidate | None = None) -> Verdict:
         info = self.info()
@@ -288,7 +327,7 @@ class DeviceTuner:
             if isinstance(p, str):
                 res, verdict = JobResult("error", p), Verdict.failed(p)
             else:
-                res = self._job(job_wl, p, budget_ms)
+                res = self._job(job_wl, p, budget_ms, key)
                 verdict = self._verify(job_wl, res, cand)
             wall = res.wall_ms or (time.perf_counter() - t0) * 1e3
             if res.ok:
@@ -330,7 +369,8 @@ class DeviceTuner:
         others = sorted((k for k in ok if k in by_key and not by_key[k][0].baseline), key=lambda k: ok[k])
         finalists = base + others[: self.cfg.finalists]
         # confirmation jobs are planned from the start so the race leaves them their share of the time
-        confirm_jobs = self.cfg.confirm_rounds * min(3, len(base) + 1) if others else 0
+        # (the rounds to the second look: what a clear effect needs, sequential_plan)
+        confirm_jobs = sequential_plan(self.cfg.confirm_rounds) * min(3, len(base) + 1) if others else 0
         for rnd in range(1, self.cfg.rounds + 1):
             remaining_rounds = self.cfg.rounds - rnd + 1
             budget = per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
@@ -338,25 +378,33 @@ class DeviceTuner:
             for k in finalists[shift:] + finalists[:shift]:
                 cand, space = by_key[k]
                 run_one(cand, space, rnd, budget)
-        self._confirm(run_id, wl, by_key, run_one, per_job_budget)
+        self._confirm(run_id, wl, by_key, run_one, per_job_budget, deadline)
 
     def _confirm(self, run_id: str, wl: Workload, by_key: dict[str, tuple[Candidate, Any]],
-                 run_one: Callable[..., None], per_job_budget: Callable[[int, float, float, float], float]) -> None:
+                 run_one: Callable[..., None], per_job_budget: Callable[[int, float, float, float], float],
+                 deadline: float) -> None:
         """Select, then confirm: replay the stored records (select.replay) to learn which rounds an
         uninterrupted run has walked and who runs in each, run (or, when stored, skip) their jobs on the
         round's new inputs, repeat until the replay is done. A resumed run so runs exactly the jobs
-        an uninterrupted one would have, and skips those already stored."""
+        an uninterrupted one would have, and skips those already stored. The rounds up to the first
+        look always run (a verdict needs them); later ones, and a runner-up's, only while the shape's
+        budget lasts: a confirmation cut short is judged at the rounds it has (select._level)."""
         ran: set[int] = set()
+        first_look = looks(self.cfg.confirm_rounds)[0] if self.cfg.confirm_rounds else 0
         while True:
             rows = [r for r in self.store.records(run_id=run_id) if r.shape_key == wl.shape_key]
-            conf = replay(rows, self.cfg.confirm_rounds)
+            time_left = time.monotonic() < deadline
+            conf = replay(rows, self.cfg.confirm_rounds, extend=time_left)
             todo = [(k, order) for k, order in conf.walked if k not in ran]
             if not todo:  # done, or nothing new to run (never loop forever)
                 return
+            if not time_left and len(conf.rounds) >= first_look:
+                return  # out of time past the first look: judged at the rounds there are
             for k, order in todo:
                 seed = confirm_seed(self.cfg.seed, k)
                 cwl = confirm_workload(wl, seed)
-                left = max(1, self.cfg.confirm_rounds - len(conf.rounds)) * len(order)
+                plan = max(sequential_plan(self.cfg.confirm_rounds), len(conf.rounds) + 1)
+                left = max(1, plan - len(conf.rounds)) * len(order)
                 budget = per_job_budget(left, 1.0, 30.0, 2000.0)
                 for key in order:
                     cand, space = by_key[key]

@@ -29,7 +29,34 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; th
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[all]'
+  # OpenVINO's telemetry: 'import openvino' sends a usage event to an analytics service unless a consent
+  # file says no. Without the package OpenVINO uses its stub (and the agent refuses to import it anyway)
+  .venv/bin/python -m pip uninstall -y -q openvino-telemetry 2>/dev/null || true
   echo "$want" > "$STAMP"
+fi
+
+# The onnx2tf converter (ONNX -> .tflite, edgetune/convert/onnx2tflite.py) in an environment of its own:
+# TensorFlow needs numpy < 2.2, edgetune's has numpy 2. tensorflow-cpu (not onnx2tf's pin of the
+# full tensorflow, which tf-keras also asks for: installed without its dependencies); onnx2tf's
+# other pins as it states them. opencv-python, onnxoptimizer and simple-onnx-processing-tools are
+# left out: nothing of a conversion imports them. ~1.7 GB, about a minute.
+O2T_DIR=.venv/share/edgetune/onnx2tf-venv
+O2T_PINS=(tensorflow-cpu==2.19.0 keras==3.10.0 numpy==1.26.4 onnx==1.19.1 onnxruntime==1.23.0
+          onnx-graphsurgeon==0.5.8 onnxsim==0.4.36 sng4onnx==1.0.5 sne4onnx==1.0.15 psutil==5.9.5
+          h5py==3.11.0 ml-dtypes==0.5.1 protobuf==4.25.5 flatbuffers==25.12.19 ai-edge-litert==2.1.0
+          requests==2.32.5)
+O2T_NODEPS=(tf-keras==2.19.0 onnx2tf==1.29.24)
+o2t_want="$(printf '%s\n' "${O2T_PINS[@]}" "${O2T_NODEPS[@]}" | sha256sum | cut -c1-16)"
+if [ "$(cat "$O2T_DIR/.edgetune-installed" 2>/dev/null)" != "$o2t_want" ]; then
+  echo "setup: installing the onnx2tf converter into $O2T_DIR"
+  # made in place (a venv's scripts name their own path: it cannot be moved); onnx2tf goes in last,
+  # so an interrupted install has none, and edgetune says the converter is missing
+  rm -rf "$O2T_DIR"
+  "$PY" -m venv "$O2T_DIR"
+  "$O2T_DIR/bin/python" -m pip install -q --upgrade pip
+  "$O2T_DIR/bin/python" -m pip install -q "${O2T_PINS[@]}"
+  "$O2T_DIR/bin/python" -m pip install -q --no-deps "${O2T_NODEPS[@]}"
+  echo "$o2t_want" > "$O2T_DIR/.edgetune-installed"
 fi
 
 # NVIDIA's CUDA compiler (nvcc 13.0, NVIDIA's own wheels on PyPI) when the machine has none: CUDA

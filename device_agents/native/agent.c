@@ -264,8 +264,15 @@ static void device_state(sbuf* o) {
     closedir(d);
   }
   long long temp = best != LLONG_MIN ? best : any;
-  if (temp != LLONG_MIN) sb_printf(o, ",\"temp_mc\":%lld}", temp);
-  else sb_raw(o, ",\"temp_mc\":null}");
+  if (temp != LLONG_MIN) sb_printf(o, ",\"temp_mc\":%lld", temp);
+  else sb_raw(o, ",\"temp_mc\":null");
+  /* the 1-minute load average and the CPUs it is shared by: the host scales job time limits by it */
+  char* load = et_read_text("/proc/loadavg", 256);
+  double load1 = -1.0;
+  if (load && sscanf(load, "%lf", &load1) != 1) load1 = -1.0;
+  free(load);
+  if (load1 >= 0.0) sb_printf(o, ",\"load1\":%.2f,\"cpus\":%d}", load1, cpu_count());
+  else sb_printf(o, ",\"load1\":null,\"cpus\":%d}", cpu_count());
 }
 
 static int write_result(run_state* r) {

@@ -166,7 +166,11 @@ def device_state():
     t = _read("/sys/class/thermal/thermal_zone0/temp")
     if t and t.lstrip("-").isdigit():
         temp = int(t)
-    return {"freq_khz": freqs or None, "temp_mc": temp}
+    try:  # the host scales job time limits by the load the device is under
+        load1 = round(os.getloadavg()[0], 2)
+    except OSError:
+        load1 = None
+    return {"freq_khz": freqs or None, "temp_mc": temp, "load1": load1, "cpus": os.cpu_count() or 1}
 
 
 # CPU feature flags (x86 "flags", ARM "Features" in /proc/cpuinfo) -> the arithmetic they give natively

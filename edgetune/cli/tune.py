@@ -23,11 +23,12 @@ def tune_cmd(
     sweep: List[str] = typer.Option([], "--sweep", help="tune per shape: --sweep batch=1,4,16 --sweep seq=32,128"),
     dim: List[str] = DimOpt,
     input: List[str] = typer.Option([], "--input", help="user input data: --input name=file.npy (verified too)"),
-    space: str = typer.Option("ort,ort-fused,tflite,tvm-relax", "--space",
-                              help="candidate spaces: ort, ort-fused, ort-int8, tflite, tvm-relax, tvm-tuned, "
-                                   "ort-tvm (hybrid; both with --tvm-trials)"),
+    space: str = typer.Option("default", "--space",
+                              help="candidate spaces: ort, ort-fused, ort-int8, openvino, litert, tflite, tvm-relax, "
+                                   "tvm-tuned, ort-tvm (hybrid; both with --tvm-trials); 'default': ort, ort-fused, "
+                                   "openvino, litert, tflite, tvm-relax"),
     accuracy: List[str] = typer.Option([], "--accuracy",
-                                       help="accuracy budget for approximate (int8) candidates, e.g. "
+                                       help="accuracy budget for approximate (int8, bf16, fp16) candidates, e.g. "
                                             "--accuracy cosine=0.999 [max-abs=X, top1=X]; adds 'ort-int8' to "
                                             "--space. Without it only exact candidates are selected"),
     tvm_trials: int = typer.Option(0, "--tvm-trials", min=0,
@@ -66,9 +67,9 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     from edgetune.report.html import render
     from edgetune.space import SPACES, with_approximate
     from edgetune.space.adapter import adapter_candidate
-    from edgetune.tune import TuneConfig, tune
+    from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
 
-    spaces = tuple(s.strip() for s in space.split(",") if s.strip())
+    spaces = DEFAULT_SPACES if space == "default" else tuple(s.strip() for s in space.split(",") if s.strip())
     if tvm_trials > 0 and "tvm-tuned" not in spaces:
         spaces += ("tvm-tuned",)
     budget_acc = AccuracyBudget.parse(accuracy)

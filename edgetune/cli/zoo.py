@@ -139,7 +139,7 @@ def bench_cmd(ctx: typer.Context,
               device: List[str] = typer.Option(["local"], "--device", "-d", help="device(s), repeatable"),
               budget: float = typer.Option(60.0, "--budget", help="seconds of tuning per model per device "
                                            "(all its shape points together)"),
-              space: str = typer.Option("ort,ort-fused,tflite,tvm-relax", "--space",
+              space: str = typer.Option("default", "--space",
                                         help="candidate spaces, as for tune"),
               accuracy: List[str] = typer.Option([], "--accuracy",
                                                  help="accuracy budget for approximate candidates, as for tune "
@@ -179,7 +179,7 @@ def _bench(names, size, devices, budget, space, rounds, finalists, max_candidate
             err_console.print(device_text(f"{ev.get('device', '')}: {ev['event']}: {ev.get('error')}"),
                               highlight=False, markup=False)
 
-    spaces = tuple(s.strip() for s in space.split(",") if s.strip())
+    spaces = None if space == "default" else tuple(s.strip() for s in space.split(",") if s.strip())
     doc = bench(names, size, devices, budget_s=budget, spaces=spaces, db=db, rounds=rounds, finalists=finalists,
                 max_candidates=max_candidates, command=command, progress=on_event, accuracy=accuracy, shapes=shapes)
     if fmt == Format.json:

@@ -46,7 +46,7 @@ def _with_command(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "shapes": shapes, "command": recorded_command(run)}
 
 
-FAMILIES = {"ort": "onnxruntime", "openvino": "OpenVINO", "tflite": "LiteRT", "tvm-relax": "TVM",
+FAMILIES = {"ort": "onnxruntime", "openvino": "OpenVINO", "tflite": "LiteRT", "litert": "LiteRT", "tvm-relax": "TVM",
             "tvm-tuned": "TVM", "adapter": "adapter", "torch": "PyTorch"}
 
 

@@ -19,7 +19,7 @@ SPACES = {"ort": "edgetune.space.ort", "tflite": "edgetune.space.tflite", "tvm-r
           "tvm-tuned": "edgetune.space.tvm_relax:TUNED", "adapter": "edgetune.space.adapter",
           "ort-int8": "edgetune.space.ort_rewrite:INT8", "ort-fused": "edgetune.space.ort_rewrite:FUSED",
           "ort-tvm": "edgetune.space.ort_tvm", "ort-gpu-fp16": "edgetune.space.ort_gpu:FP16",
-          "openvino": "edgetune.space.openvino"}
+          "openvino": "edgetune.space.openvino", "litert": "edgetune.space.litert"}
 # added to the spaces when the user sets an accuracy budget (ort-gpu-fp16: nothing without a GPU provider)
 APPROXIMATE_SPACES = ("ort-int8", "ort-gpu-fp16")
 

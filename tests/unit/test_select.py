@@ -68,8 +68,11 @@ def test_race_winner_not_faster_in_confirmation_is_not_called_faster(tmp_path):
     s = st.shape()
     a = s.get(A.key())
     assert s.winner_key == A.key() and s.best_baseline_key == BASE.key() == s.default_key
-    # the verdict is exactly round_ratio over the five confirmation rounds, nothing from the race
-    expect = round_ratio(_confirm_pairs(st.rows(), BASE, A, range(1, 6)))
+    # the verdict is exactly round_ratio over the five confirmation rounds, nothing from the race, at
+    # the level of the last sequential look (looks at 3, 4, 5 rounds; A shares the 5% with runner-up B)
+    level = s.confirmation.state.level
+    assert 0.95 < level < 1.0
+    expect = round_ratio(_confirm_pairs(st.rows(), BASE, A, range(1, 6)), level=level)
     assert a.vs_default == expect and a.vs_best_baseline == expect and expect.rounds == 5
     assert a.vs_default.verdict != "faster"
     assert s.confirmation.verdict == expect.verdict and s.confirmation.state.rounds == (1, 2, 3, 4, 5)
@@ -129,7 +132,8 @@ def test_winner_failing_confirmation_is_disqualified_and_next_best_confirmed(tmp
     assert a.status == "failed" and a.reason.startswith("confirmation round 2:")
     assert s.winner_key == B.key() and s.confirmation.state.rounds == (3, 4, 5)
     # B is judged on its own rounds only, not on the rounds the baseline ran beside A
-    assert s.get(B.key()).vs_default == round_ratio(_confirm_pairs(st.rows(), BASE, B, (3, 4, 5)))
+    assert s.get(B.key()).vs_default == round_ratio(_confirm_pairs(st.rows(), BASE, B, (3, 4, 5)),
+                                                    level=s.confirmation.state.level)
     assert s.best_key in (B.key(), BASE.key()) and s.best_key != A.key()
     assert s.confirmation.as_dict()["disqualified"][0]["reason"] == "tolerance exceeded"
 

@@ -197,3 +197,27 @@ def test_confirmation_rounds_run_and_verify_on_their_new_inputs(tiny_model, tmp_
     race_keys = {r.workload_key for r in recs if not is_confirmation(r.round)}
     assert not race_keys & {r.workload_key for r in conf}
     assert sorted(r.workload_key for r in recs) == sorted(ran) == sorted(verified)
+
+
+def test_time_limits_scale_with_load_and_with_what_the_job_took(tmp_path):
+    """A busy device gets longer limits (an honest job there is slow, not hung), and a candidate
+    whose jobs took long gets at least three times that."""
+    from edgetune.devices.inventory import DeviceSpec
+    from edgetune.tune import MAX_LOAD_SCALE, DeviceTuner
+
+    store = Store(tmp_path / "t.db")
+    try:
+        board = DeviceTuner(DeviceSpec("board", "ssh://u@board.example:22"), store, _cfg(timeout_s=10))
+        base = board._time_limit(1000.0, "k")
+        assert base == pytest.approx(13.0)  # timeout 10 s + 3 x the 1 s budget, an idle device
+        board._device_state = {"load1": 6.0, "cpus": 2}
+        assert board._time_limit(1000.0, "k") == pytest.approx(3 * base)
+        board._device_state = {"load1": 1000.0, "cpus": 2}
+        assert board._time_limit(1000.0, "k") == pytest.approx(MAX_LOAD_SCALE * base)
+        board._device_state = {"load1": "forged", "cpus": 0}  # what a device says is data: no effect
+        assert board._time_limit(1000.0, "k") == pytest.approx(base)
+        board._wall_s["k"] = 20.0
+        assert board._time_limit(1000.0, "k") == pytest.approx(60.0)
+        assert board._time_limit(1000.0, "other") == pytest.approx(base)
+    finally:
+        store.close()

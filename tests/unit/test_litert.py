@@ -1,0 +1,155 @@
+"""LiteRT candidates of ONNX models through the onnx2tf converter: real conversions (the converter
+environment of tools/setup.sh), real LiteRT runs on the local device's agent, no mocks."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import numpy as np
+import pytest
+
+from edgetune.accuracy import AccuracyBudget
+from edgetune.candidate import Candidate
+from edgetune.convert import onnx2tflite
+from edgetune.space import BuildFailed
+from edgetune.space.litert import SPACE
+from edgetune.tune import TuneConfig, tune
+from edgetune.verify import compare, tolerance_for
+from edgetune.workload import build_workload, load_model
+from tests.conftest import require
+
+
+def _need_converter():
+    require(importlib.util.find_spec("ai_edge_litert") is not None, "ai-edge-litert not installed")
+    why = onnx2tflite.unavailable_reason()
+    require(why is None, why or "")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """One edgetune home for the module: its artifact cache keeps each conversion (seconds) for all tests."""
+    return tmp_path_factory.mktemp("litert-home")
+
+
+@pytest.fixture
+def shared_home(home, monkeypatch):
+    monkeypatch.setenv("EDGETUNE_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="module")
+def mobilenet(tmp_path_factory):
+    import models
+
+    return load_model(models.build_onnx("mobilenet", tmp_path_factory.mktemp("m") / "mobilenet.onnx"))
+
+
+def _cfg(**kw):
+    base = dict(budget_s=1.5, rounds=1, finalists=2, timeout_s=20, spaces=("litert",), max_candidates=2,
+                confirm_rounds=2)
+    base.update(kw)
+    return TuneConfig(**base)
+
+
+def _shape(out):
+    dev = out.devices[0]
+    assert dev.status == "complete", dev.error
+    return dev.summary.shapes[0]
+
+
+def test_fp32_conversion_has_a_verified_layout_mapping(mobilenet, home):
+    _need_converter()
+    from ai_edge_litert.interpreter import Interpreter
+
+    wl = build_workload(mobilenet, {"batch": 1})
+    conv = onnx2tflite.convert(wl, "fp32", home / "artifacts")
+    # NCHW [1, 3, 96, 96] -> NHWC, matched by name; logits [1, 1000] as they are
+    assert [(m.name, m.perm) for m in conv.inputs] == [("input", (0, 2, 3, 1))]
+    assert [(m.name, m.perm) for m in conv.outputs] == [("logits", (0, 1))]
+    params = conv.layout_params()
+    assert params["inputs"][0]["perm"] == [0, 2, 3, 1] and isinstance(params["outputs"][0]["index"], int)
+    # the mapping, applied by hand, gives the ONNX model's outputs within the float32 tolerance
+    interp = Interpreter(model_path=str(conv.path))
+    interp.allocate_tensors()
+    for x, (ref,) in zip(wl.input_sets, wl.references()):
+        interp.set_tensor(conv.inputs[0].index, np.ascontiguousarray(x[0].transpose(conv.inputs[0].perm)))
+        interp.invoke()
+        y = interp.get_tensor(conv.outputs[0].index).transpose(conv.outputs[0].perm)
+        e = compare(y, ref, tolerance_for("float32"))
+        assert e.excess <= 1.0 and e.norm_rel <= 1e-4
+    # cached: the same key is not converted again
+    assert onnx2tflite.convert(wl, "fp32", home / "artifacts").path == conv.path
+
+
+def test_corrupted_conversion_is_a_conversion_mismatch(mobilenet, home, tmp_path):
+    _need_converter()
+    wl = build_workload(mobilenet, {"batch": 1})
+    conv = onnx2tflite.convert(wl, "fp32", home / "artifacts")
+    bad = tmp_path / "bad.tflite"
+    shutil.copyfile(conv.path, bad)
+    data = bytearray(bad.read_bytes())
+    mid = len(data) // 2  # inside the classifier's 256x1000 weights (most of the file)
+    data[mid: mid + 65536] = np.random.default_rng(0).standard_normal(16384).astype(np.float32).tobytes()
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BuildFailed, match="^conversion-mismatch: "):
+        onnx2tflite.map_and_verify(bad, wl, "fp32")
+
+
+def test_tune_records_verified_litert_candidates(mobilenet, shared_home, tmp_path):
+    _need_converter()
+    out = tune(mobilenet.path, ["local"], dims=["batch=1"], db=tmp_path / "t.db",
+               config=_cfg(spaces=("ort", "litert"), max_candidates=1))
+    s = _shape(out)
+    lite = [c for c in s.candidates if c.candidate.backend == "litert"]
+    labels = {c.candidate.label(): c for c in lite}
+    assert "litert default (fp32)" in labels, list(labels)
+    assert all(c.status == "verified" for c in lite), [(c.candidate.label(), c.reason) for c in lite]
+    assert all(c.max_rel_err <= 1e-4 for c in lite)
+    assert any(c.candidate.backend == "ort" and c.status == "verified" for c in s.candidates)
+
+
+def test_unconvertible_model_is_a_named_candidate_failure(shared_home, tmp_path):
+    """onnxruntime runs a contrib op (com.microsoft FusedMatMul) onnx2tf has no conversion for."""
+    _need_converter()
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32), "W")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    node = helper.make_node("FusedMatMul", ["x", "W"], ["y"], domain="com.microsoft", alpha=1.0)
+    m = helper.make_model(helper.make_graph([node], "fused", [x], [y], [w]), ir_version=8,
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(m, str(tmp_path / "fused.onnx"))
+    out = tune(tmp_path / "fused.onnx", ["local"], db=tmp_path / "t.db", config=_cfg(max_candidates=1))
+    lite = [c for c in _shape(out).candidates if c.candidate.backend == "litert"]
+    assert lite and all(c.status == "failed" for c in lite)
+    assert all(c.reason.startswith("build failed: conversion") for c in lite), [c.reason for c in lite]
+    assert all("Traceback" not in c.reason and "\n" not in c.reason for c in lite)
+
+
+def test_approximate_litert_candidates_are_judged_by_accuracy(mobilenet, shared_home, tmp_path):
+    _need_converter()
+    approx = [Candidate.make("litert", {"precision": "fp16", "num_threads": 1, "xnnpack": True}),
+              Candidate.make("litert", {"precision": "int8", "quant": "full", "num_threads": 1, "xnnpack": True})]
+    assert all(c.approximate for c in approx)
+    extra = [(c, SPACE) for c in approx]
+    base = Candidate.make("litert", {"precision": "fp32"}, baseline=True)
+    cfg = dict(spaces=(), extra=[(base, SPACE), *extra], max_candidates=None)
+    # without a budget: each fails as approximate (never selectable), with its accuracy measured
+    s = _shape(tune(mobilenet.path, ["local"], dims=["batch=1"], db=tmp_path / "a.db", config=_cfg(**cfg)))
+    by_key = {c.candidate.key(): c for c in s.candidates}
+    for c in approx:
+        got = by_key[c.key()]
+        assert got.status == "failed" and "accuracy budget" in got.reason, (c.label(), got.reason)
+        assert got.accuracy and got.accuracy["cosine"] > 0.9
+    # with one: judged by it, fp16 and calibrated int8 within a cosine of 0.99
+    budget = AccuracyBudget(cosine=0.99)
+    s = _shape(tune(mobilenet.path, ["local"], dims=["batch=1"], db=tmp_path / "b.db",
+                    config=_cfg(accuracy=budget, **cfg)))
+    by_key = {c.candidate.key(): c for c in s.candidates}
+    for c in approx:
+        got = by_key[c.key()]
+        assert got.status == "verified", (c.label(), got.reason)
+        assert got.accuracy["cosine"] >= 0.99

@@ -32,6 +32,7 @@ from edgetune.devices.inventory import DeviceSpec, edgetune_home, fingerprint_ke
 from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
 from edgetune.private import private_dir
+from edgetune.shipped import agents_dir
 from edgetune.text import device_text
 from edgetune.workload import external_data_files
 
@@ -39,8 +40,7 @@ PROTOCOL = 3
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
 CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
 PROBE_PAIRS = 16  # TEST04 probe: at most this many repeated-input / new-input pairs (at least 8)
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PYTHON_AGENT = REPO_ROOT / "device_agents" / "python" / "edgetune_agent.py"
+PYTHON_AGENT = agents_dir() / "python" / "edgetune_agent.py"
 
 
 # bounds a candidate runs under on the device (the agent's supervisor enforces them; PROTOCOL.md)

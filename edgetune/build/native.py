@@ -30,8 +30,9 @@ from typing import Any, Sequence
 
 from edgetune.hashing import sha256_file  # noqa: F401  (re-exported)
 from edgetune.errors import ToolchainError
+from edgetune.shipped import agents_dir
 
-AGENT_SRC = Path(__file__).resolve().parents[2] / "device_agents" / "native"
+AGENT_SRC = agents_dir() / "native"
 SOURCES = ("agent.c", "fingerprint.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c",
            "judge_cuda.c", "judge_guard.c")
 HEADERS = ("backend.h", "fingerprint.h", "json.h", "judge_cuda.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h",

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.errors import UserInputError
+from edgetune.shipped import targets_dir
 
-TARGETS_DIR = Path(__file__).resolve().parent.parent.parent / "targets"
+TARGETS_DIR = targets_dir()
 
 # cpuinfo flag -> LLVM feature
 X86_FEATURES = {

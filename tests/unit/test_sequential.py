@@ -1,0 +1,135 @@
+"""Sequential confirmation (select.replay with looks and alpha spending, measure.look_levels).
+
+Records are built in memory (RecordRow) so thousands of simulated confirmations run through the
+real ``replay``: the false verdict rate it promises is checked by simulation, with noise shaped like
+this machine's (per-process bimodal medians), and so is its power."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edgetune.candidate import Candidate
+from edgetune.db import RecordRow
+from edgetune.measure import ALPHA, look_levels, looks
+from edgetune.select import CONTENDER_SHARES, confirmed_ratio, replay, stored_round
+
+BASE = Candidate.make("ort", {}, baseline=True)
+A = Candidate.make("ort", {"intra_op_num_threads": 1})
+B = Candidate.make("ort", {"intra_op_num_threads": 2})
+
+
+def _row(cand: Candidate, rnd: int, median_ns: float, i: list[int]) -> RecordRow:
+    i[0] += 1
+    return RecordRow(i[0], "r", f"w{rnd}", {"batch": 1}, "x", "fp", cand.key(), cand.as_dict(), {}, rnd, "verified",
+                     "", {}, np.array([int(median_ns)], dtype=np.int64), 1.0, 1.0, 0.0)
+
+
+def _race(i, contenders=(A,)):
+    rows = []
+    for rnd in range(3):
+        rows.append(_row(BASE, rnd, 2e6, i))
+        for n, c in enumerate(contenders):
+            rows.append(_row(c, rnd, 1e6 * (1 + 0.1 * n), i))
+    return rows
+
+
+def _confirm(i, rows_by_round, cand=A):
+    out = []
+    for k, (base_ns, cand_ns) in rows_by_round.items():
+        out += [_row(cand, stored_round(k), cand_ns, i), _row(BASE, stored_round(k), base_ns, i)]
+    return out
+
+
+def test_looks_and_spending():
+    assert looks(3) == (3,) and look_levels(3) == {3: pytest.approx(0.95)}  # one look: the fixed design
+    assert looks(20) == (5, 8, 12, 16, 20)
+    for cap in (5, 8, 20, 40):
+        levels = look_levels(cap)
+        assert sum(1 - v for v in levels.values()) == pytest.approx(ALPHA)  # all of the 5%, no more
+        assert all(0.95 < v < 1 for v in levels.values()) or len(levels) == 1
+
+
+def test_a_clear_effect_stops_at_the_first_look():
+    i = [0]
+    rows = _race(i) + _confirm(i, {k: (2e6, 1e6 * (1 + 0.01 * (k % 3))) for k in range(1, 6)})
+    conf = replay(rows, 20)
+    assert conf.rounds == (1, 2, 3, 4, 5) and conf.decided and conf.next_round is None
+    assert conf.level == pytest.approx(look_levels(20)[5])
+
+
+def test_no_effect_runs_to_the_cap_then_the_runner_up_gets_its_turn_only_with_time():
+    i = [0]
+    rng = np.random.default_rng(3)
+    rows = _race(i, (A, B)) + _confirm(i, {k: (1e6, 1e6 * math.exp(rng.normal(0, 0.05))) for k in range(1, 9)})
+    conf = replay(rows, 8)  # looks at 3, 5, 6, 8 (cap 8)
+    assert conf.contender == A.key() and conf.rounds == tuple(range(1, 9)) and not conf.decided
+    assert conf.next_round is None and not conf.ended  # out of time: A's undecided verdict stands
+    more = replay(rows, 8, extend=True)  # time left: B's rounds, with B's share of the 5%
+    assert more.contender == B.key() and more.next_round == 9 and more.rounds == ()
+    assert more.ended[0].key == A.key() and more.ended[0].verdict == "no significant difference"
+    rows += _confirm(i, {9: (1e6, 1e6)}, cand=B)
+    again = replay(rows, 8)  # B's stored round: a report sees the same walk without being told
+    assert again.contender == B.key() and again.rounds == (9,)
+
+
+def test_a_confirmation_cut_short_is_judged_at_the_next_looks_level():
+    i = [0]
+    rows = _race(i) + _confirm(i, {k: (1e6, 1e6 * (1.0 + 0.02 * (-1) ** k)) for k in range(1, 8)})
+    conf = replay(rows, 20)  # 7 rounds: past the look at 5, short of the one at 8
+    assert conf.rounds == tuple(range(1, 8)) and conf.next_round == 8
+    assert conf.level == pytest.approx(look_levels(20)[8])
+
+
+def _simulate(effect: float, n_sims: int, cap: int, seed: int, two: bool = False) -> dict[str, int]:
+    """Confirmations whose rounds are drawn like this machine's: each process lands in one of two
+    timing modes (the slow one 1.8x, a third of the time), so a round's log ratio is bimodal."""
+    rng = np.random.default_rng(seed)
+    counts = {"faster": 0, "slower": 0, "none": 0}
+    for _ in range(n_sims):
+        i = [0]
+        conts = (A, B) if two else (A,)
+        rows = _race(i, conts)
+
+        def draw():
+            return (1.8 if rng.random() < 1 / 3 else 1.0) * math.exp(rng.normal(0, 0.03))
+
+        k = 1
+        for c in conts:
+            for _ in range(cap):
+                rows += _confirm(i, {k: (1e6 * draw(), 1e6 * draw() / effect)}, cand=c)
+                k += 1
+                conf = replay(rows, cap, extend=True)
+                if conf.next_round is None:
+                    break
+                if conf.contender != c.key():
+                    break
+            conf = replay(rows, cap, extend=True)
+            if conf.next_round is None:
+                break
+        conf = replay(rows, cap)
+        r = confirmed_ratio(rows, conf, BASE.key(), conf.contender)
+        v = r.verdict if r else "none"
+        counts["faster" if v == "faster" else "slower" if v == "slower" else "none"] += 1
+    return counts
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_a_a_false_verdicts_stay_within_the_promise(two):
+    n = 200
+    c = _simulate(1.0, n, 20, seed=11 + two, two=two)
+    # 5% two-sided: at most 2.5% each side in expectation; binomial slack of 3 sd
+    bound = n * 0.025 + 3 * math.sqrt(n * 0.025 * 0.975)
+    assert c["faster"] <= bound and c["slower"] <= bound, c
+
+
+def test_a_real_win_is_found():
+    c = _simulate(1.5, 50, 20, seed=5)
+    assert c["faster"] >= 40, c  # bimodal noise and all: a 1.5x win is confirmed nearly always
+    assert c["slower"] == 0, c
+
+
+def test_contender_shares_add_up():
+    assert sum(CONTENDER_SHARES) == pytest.approx(1.0)

@@ -24,7 +24,7 @@ from edgetune.candidate import Candidate
 from edgetune.db import RecordRow, Store
 from edgetune.errors import UserInputError
 from edgetune.measure import MIN_VERDICT_ROUNDS, Ratio, Stats, summarize_rounds
-from edgetune.select import (Confirmation, RaceRatio, confirm_index, confirmed_ratio, is_confirmation, race_field,
+from edgetune.select import (SEQUENTIAL, Confirmation, RaceRatio, confirm_index, confirmed_ratio, is_confirmation, race_field,
                              race_ratio, replay, selected, stored_round)
 
 REPORT_SCHEMA = "edgetune.report/1"
@@ -56,6 +56,8 @@ class CandidateSummary:
     # where its nodes ran, when the device reported it (a provider other than the CPU's): the
     # record with the smallest share on the intended provider
     placement: dict[str, Any] | None = None
+    # two timing modes across its processes (timing_modes), None when it has one
+    modes: list[dict[str, float]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +73,7 @@ class CandidateSummary:
             "race_speedup_vs_best_baseline": _ratio_dict(self.race_vs_best_baseline),
             "approximate": self.candidate.approximate, "accuracy": self.accuracy,
             "placement": self.placement, "placement_label": placement_label(self.placement),
+            "modes": self.modes,
         }
 
 
@@ -187,7 +190,31 @@ def _candidate(key: str, recs: list[RecordRow], conf: Confirmation) -> Candidate
         max(_finite([r.verdict.get("max_abs_err") for r in recs]), default=None),
         max(_finite([r.verdict.get("max_rel_err") for r in recs]), default=None),
         samples=samples, confirm_rounds=[confirm_index(r.round) for r in confirm], confirm_stats=confirm_stats,
-        accuracy=_worst_accuracy(recs), placement=_worst_placement(recs))
+        accuracy=_worst_accuracy(recs), placement=_worst_placement(recs),
+        modes=timing_modes([float(np.median(r.samples_ns)) for r in recs if r.samples_ns.size]))
+
+
+MODE_GAP = 1.25  # process medians this far apart (and each side >= MODE_SHARE of them) are two modes
+MODE_SHARE = 0.2
+MODE_MIN_PROCESSES = 6
+
+
+def timing_modes(process_medians: list[float]) -> list[dict[str, float]] | None:
+    """Two timing modes of one candidate across its processes (each job is a fresh process), or None:
+    on some machines a process lands in a fast or a slow mode for its whole life (where its threads
+    and memory were placed), so a median over rounds hides a device that is bimodal. The split is at
+    the widest gap between sorted process medians, when it is at least MODE_GAP and both sides hold
+    MODE_SHARE of the processes."""
+    m = sorted(x for x in process_medians if x > 0)
+    if len(m) < MODE_MIN_PROCESSES:
+        return None
+    logs = np.log(m)
+    gaps = np.diff(logs)
+    i = int(np.argmax(gaps))
+    lo, hi = m[: i + 1], m[i + 1:]
+    if gaps[i] < np.log(MODE_GAP) or min(len(lo), len(hi)) < MODE_SHARE * len(m):
+        return None
+    return [{"median_ms": float(np.median(side)) / 1e6, "share": len(side) / len(m)} for side in (lo, hi)]
 
 
 def placement_share(p: dict[str, Any] | None) -> float | None:
@@ -236,12 +263,12 @@ def _claim(r: Ratio | None) -> Ratio | None:
     return r if r is not None and (r.rounds or 0) >= MIN_VERDICT_ROUNDS else None
 
 
-def _summarize_shape(rows: list[RecordRow], confirm_target: int | None) -> ShapeSummary:
+def _summarize_shape(rows: list[RecordRow], confirm_target: int | None, sequential: bool = True) -> ShapeSummary:
     by_cand: dict[str, list[RecordRow]] = {}
     for r in rows:
         by_cand.setdefault(r.candidate_key, []).append(r)
     fld = race_field(rows)
-    conf = replay(rows, confirm_target)
+    conf = replay(rows, confirm_target, sequential=sequential)
     cands = {key: _candidate(key, recs, conf) for key, recs in by_cand.items()}
     default, base = conf.default, conf.baseline
     for key, c in cands.items():
@@ -274,7 +301,9 @@ def summarize_run(store: Store, run_id: str) -> RunSummary:
     config = json.loads(run["config"])
     # runs recorded before confirmation existed have no confirm_rounds: count what is stored
     target = config.get("confirm_rounds")
-    shapes = [_summarize_shape(v, target) for v in by_shape.values()]
+    # runs recorded before sequential confirmation looked once, at 95%: judged as they were designed
+    sequential = config.get("confirmation") == SEQUENTIAL
+    shapes = [_summarize_shape(v, target, sequential) for v in by_shape.values()]
     # which device measured each point (a joined run's points are measured on several devices of one kind)
     on = {p["shape_key"]: p["device"] for p in store.shapes(run_id)}
     for s in shapes:

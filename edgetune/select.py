@@ -178,14 +178,19 @@ def _level(cap: int | None, shares: Sequence[float], slot: int, n: int) -> float
     return next((lv for m, lv in sorted(levels.items()) if m >= n), levels[max(levels)])
 
 
-def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False) -> Confirmation:
+SEQUENTIAL = "sequential"  # a run's recorded confirmation design (its config's "confirmation")
+
+
+def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False,
+           sequential: bool = True) -> Confirmation:
     """Walk the stored confirmation rounds of one shape in order and say where confirmation stands.
 
     Sequential (``target``: the cap of rounds per contender): after each planned look
     (``measure.looks``) the contender-vs-baseline interval at that look's level decides: "faster"
     ends the confirmation; "slower", or the cap without a verdict, hands the rounds to the runner-up
     (at most ``len(CONTENDER_SHARES)`` contenders, each with its share of the 5%) when its rounds are
-    stored or ``extend`` says there is time to run them (the tuner's call). ``target`` None:
+    stored or ``extend`` says there is time to run them (the tuner's call). ``sequential`` False: a
+    run recorded with the fixed design (one look at ``target`` rounds, 95%). ``target`` None:
     a run recorded before sequential looks, every stored round counted at 95%. Deterministic in the
     stored records, so the tuner, a resumed run and a report all agree."""
     field = race_field(rows)
@@ -195,15 +200,16 @@ def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False) 
     out: list[Disqualified] = []
     ended: list[Ended] = []
     walked: list[tuple[int, tuple[str, ...]]] = []
-    planned = set(looks(target)) if target else set()
+    planned = (set(looks(target)) if sequential else {target}) if target else set()
     # a race with one contender has no runner-up to share the 5% with (fixed by the race, not the rounds)
-    shares = CONTENDER_SHARES if len(contenders) > 1 else (1.0,)
+    shares = CONTENDER_SHARES if len(contenders) > 1 and sequential else (1.0,)
+    cap = target if sequential else None  # (_level: None is the fixed 95%)
     k = 1
 
     def state(next_round: int | None, decided: bool = False) -> Confirmation:
         return Confirmation(contenders[0] if contenders else None, baselines[0] if baselines else None, default,
                             tuple(counted), tuple(out), next_round, tuple(walked),
-                            _level(target, shares, len(ended), len(counted)), decided, tuple(ended), target)
+                            _level(cap, shares, len(ended), len(counted)), decided, tuple(ended), target)
 
     while contenders and baselines and (target is None or len(counted) < target):
         parts = state(None).participants

@@ -35,7 +35,7 @@ from edgetune.kernels.device_measure import device_peaks
 from edgetune.kernels.targets import gpu_peak_gflops
 from edgetune.results import RunSummary, summarize_run
 from edgetune.measure import looks
-from edgetune.select import CONFIRM_BASE, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
+from edgetune.select import CONFIRM_BASE, SEQUENTIAL, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import BuildFailed, Prepared, load_space
 from edgetune.space.openvino import check_precision
 from edgetune.space.ort_gpu import GPU_PROVIDERS
@@ -80,7 +80,7 @@ class TuneConfig:
 
     def key_dict(self) -> dict[str, Any]:
         return {"budget_s": self.budget_s, "rounds": self.rounds, "finalists": self.finalists,
-                "confirm_rounds": self.confirm_rounds, "spaces": list(self.spaces),
+                "confirm_rounds": self.confirm_rounds, "confirmation": SEQUENTIAL, "spaces": list(self.spaces),
                 "max_candidates": self.max_candidates, "seed": self.seed, "tvm_trials": self.tvm_trials,
                 "extra": [c.key() for c, _ in self.extra],
                 **({"accuracy": self.accuracy.as_dict()} if self.accuracy.set else {})}

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from edgetune.report import fmt_err, fmt_ms, fmt_speedup
+from edgetune.report import fmt_err, fmt_ms, fmt_speedup, verdict_line
 from edgetune.results import placement_label
 from edgetune.results import RunSummary
 from edgetune.text import device_text, plain
@@ -24,7 +24,7 @@ def run_tables(summary: RunSummary) -> list[Table]:
         # the fingerprint, reasons and labels come from the device or a user's adapter: Text, never markup
         t = Table(title=plain(f"{Path(summary.model_path).name} on {summary.device} ({fp.get('cpu_model')}, "
                               f"{fp.get('cores')} cores{', EMULATED' if summary.emulated else ''}) — {shape}"),
-                  title_justify="left")
+                  title_justify="left", caption=plain(verdict_line(s.as_dict())), caption_justify="left")
         for col in ("candidate", "key", "status", "median ms", "95% CI ms", "CV", "n", "max rel err / accuracy",
                     "speedup vs default [95% CI]"):
             t.add_column(col, overflow="fold")

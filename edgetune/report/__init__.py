@@ -87,7 +87,15 @@ def verdict_line(shape: dict[str, Any]) -> str:
     sp = conf.get("speedup_vs_best_baseline")
     if contender is None or base is None or sp is None:
         return f"selected {best['label']} (no contender was confirmed against a baseline)"
-    fig = f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] over {sp['rounds']} confirmation rounds"
+    level = f"{100 * sp.get('level', 0.95):.1f}% interval" if sp.get("level", 0.95) != 0.95 else "95% interval"
+    meds = ""
+    if contender.get("confirm_stats") and base.get("confirm_stats"):
+        meds = (f"; confirmation medians {contender['confirm_stats']['median_ms']:.4g} ms vs "
+                f"{base['confirm_stats']['median_ms']:.4g} ms")
+    fig = (f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}], {level}, over {sp['rounds']} "
+           f"confirmation rounds{meds}")
+    if sp["verdict"] == "no significant difference" and sp.get("detectable"):
+        fig += f"; these rounds could have detected {sp['detectable']:.2f}× or more"
     if sp["verdict"] == "faster":
         return f"selected {contender['label']}: confirmed faster than the strongest baseline, {base['label']}, {fig}"
     said = {"slower": "was confirmed slower than it", "no significant difference": "showed no significant difference "
@@ -141,7 +149,8 @@ def fmt_speedup(c: CandidateSummary, emulated: bool) -> str:
     if c.vs_default is None:
         return "—"
     r = c.vs_default
-    text = f"{r.value:.2f}× [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+    level = f" ({100 * r.level:.1f}% interval, sequential)" if r.level != 0.95 else ""
+    text = f"{r.value:.2f}× [{r.ci_low:.2f}, {r.ci_high:.2f}]{level}"
     if emulated:
         return text + " (emulated)"
     return text + {"faster": " faster", "slower": " slower", "no significant difference": " ≈"}.get(
@@ -191,7 +200,7 @@ def markdown(rep: dict[str, Any]) -> str:
                 out.append(f"| {t(f['family'])} | {t(prec)} | {t(f['label'])}{mark} | {f['median_ms']:.4f} | "
                            f"{f['ci95_ms'][0]:.4f}–{f['ci95_ms'][1]:.4f} | {fmt_err(f)} |")
             out += ["",
-                    "| candidate | key | status | phase | median ms | 95% CI ms | p10–p90 ms | CV | n | max rel err / accuracy | speedup vs default [95% CI] |",
+                    "| candidate | key | status | phase | race median ms (screening) | 95% CI ms | p10–p90 ms | CV | n | max rel err / accuracy | confirmed speedup vs default [interval] |",
                     "|---|---|---|---|---|---|---|---|---|---|---|"]
             for c in s["candidates"]:
                 st = c["stats"]
@@ -210,6 +219,12 @@ def markdown(rep: dict[str, Any]) -> str:
                                f"{fmt_err(c)} | {sp_txt} |")
                 else:
                     out.append(f"| {label} | {key} | {status} | {phase} | — | — | — | — | 0 | — | — |")
+            for c in s["candidates"]:
+                if c.get("modes"):
+                    lo, hi = c["modes"]
+                    out.append(f"- {t(c['label'])}: timing is bimodal across its processes: "
+                               f"{lo['median_ms']:.4g} ms ({lo['share']:.0%} of them) and {hi['median_ms']:.4g} ms "
+                               f"({hi['share']:.0%}); its medians mix the two")
             out.append("")
     if len({r["device"] for r in rep["runs"]}) > 1:
         out += ["## Devices side by side", "", "| device | shape | best configuration | median ms | 95% CI ms | speedup vs default |",

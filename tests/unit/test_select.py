@@ -31,7 +31,7 @@ class _Store:
 
     def __init__(self, tmp_path, confirm_rounds: int | None):
         self.store = Store(tmp_path / "s.db")
-        config = {} if confirm_rounds is None else {"confirm_rounds": confirm_rounds}
+        config = {} if confirm_rounds is None else {"confirm_rounds": confirm_rounds, "confirmation": "sequential"}
         self.store.start_run("r", "m.onnx", "0" * 64, "local", "fp", {"cores": 2}, {}, config)
         self.rng = np.random.default_rng(1)
 
@@ -270,3 +270,18 @@ def test_winner_failing_confirmation_on_device_is_not_selected(tiny_model, tmp_p
     assert [(d.key, d.round) for d in s.confirmation.state.disqualified] == [(late_key, 1)]
     assert s.winner_key == slow_key and s.confirmation.state.rounds == (2, 3, 4)
     assert s.best_key != late_key and s.get(slow_key).vs_default.rounds == 3
+
+
+def test_a_run_recorded_before_sequential_looks_is_judged_as_it_was_designed(tmp_path):
+    """One look at its confirm_rounds, at 95%: the rounds it ran are not re-judged by a later rule."""
+    st = _Store(tmp_path, confirm_rounds=5)
+    st.store.close()
+    st.store = Store(tmp_path / "old.db")
+    st.store.start_run("r", "m.onnx", "0" * 64, "local", "fp", {"cores": 2}, {}, {"confirm_rounds": 5})
+    st.race({BASE: 2.0, A: 1.0, B: 1.5})
+    for k, (base_ms, a_ms) in enumerate([(2.0, 2.02), (2.1, 2.08), (1.9, 1.95), (2.0, 1.97), (2.05, 2.06)], 1):
+        st.add(A, stored_round(k), a_ms)
+        st.add(BASE, stored_round(k), base_ms)
+    s = st.shape()
+    assert s.confirmation.state.level == 0.95 and s.confirmation.state.rounds == (1, 2, 3, 4, 5)
+    assert s.get(A.key()).vs_default == round_ratio(_confirm_pairs(st.rows(), BASE, A, range(1, 6)))

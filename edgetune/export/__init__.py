@@ -338,6 +338,12 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
             "label": cand["label"] if cand else "onnxruntime defaults (fallback)"}
         return cid
 
+    for dev in devices:  # every selection the loaders cannot run is refused before any work or output
+        for sel in dev.selections:
+            backend = sel.candidate["candidate"]["backend"]
+            if backend != "ort":
+                raise UserInputError(f"cannot export '{sel.candidate['label']}' for {dev.name}: the loaders run "
+                                     f"onnxruntime configurations; a {backend} configuration is not exported yet")
     dev_docs, figures = [], []
     for dev in devices:
         arch = dev.fingerprint.get("arch") or "x86_64"

@@ -155,3 +155,30 @@ def test_nothing_imports_openvinos_telemetry(tmp_path, tiny_model):
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], env={**env, "PYTHONPATH": f"{fake}:{os.getcwd()}"},
                    check=True, capture_output=True)
     assert (tmp_path / "int8.onnx").exists() and not marker.exists()
+
+
+def test_export_refuses_an_openvino_selection_in_one_line_before_writing(tmp_path, local_info):
+    """The app loaders run onnxruntime configurations: an OpenVINO selection is refused before any
+    file is written, in one line that names it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EDGETUNE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    cli = [sys.executable, "-m", "edgetune.cli.main"]
+    p = subprocess.run(cli + ["tune", "mobilenet", "--space", "openvino", "--budget", "3", "--rounds", "1",
+                              "--max-candidates", "1", "--db", str(tmp_path / "t.db"), "-f", "json"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)  # JSON on stdout whatever the runtimes print
+    run = rep["runs"][0]
+    best = next(c for c in run["shapes"][0]["candidates"] if c["candidate"]["key"] == run["shapes"][0]["best"])
+    assert best["candidate"]["backend"] == "openvino" and best["label"] == "openvino default (fp32)"
+    out = tmp_path / "art"
+    p = subprocess.run(cli + ["export", run["run_id"], "--target", "linux", "-o", str(out), "--db",
+                              str(tmp_path / "t.db")], capture_output=True, text=True, env=env, timeout=300)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode != 0 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "cannot export 'openvino default (fp32)'" in lines[0] and "openvino configuration" in lines[0]
+    assert not out.exists()

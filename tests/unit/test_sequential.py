@@ -133,3 +133,15 @@ def test_a_real_win_is_found():
 
 def test_contender_shares_add_up():
     assert sum(CONTENDER_SHARES) == pytest.approx(1.0)
+
+
+def test_bimodal_process_timings_are_named_not_hidden():
+    from edgetune.results import timing_modes
+
+    ms = [0.34, 0.36, 0.35, 0.63, 0.65, 0.33, 0.64, 0.37]  # this VM's mobilenet default, process medians
+    modes = timing_modes([x * 1e6 for x in ms])
+    assert modes is not None
+    assert modes[0]["median_ms"] == pytest.approx(0.35, abs=0.01) and modes[0]["share"] == pytest.approx(5 / 8)
+    assert modes[1]["median_ms"] == pytest.approx(0.64, abs=0.01) and modes[1]["share"] == pytest.approx(3 / 8)
+    assert timing_modes([x * 1e6 for x in (0.44, 0.47, 0.5, 0.55, 0.52, 0.49)]) is None  # one spread mode
+    assert timing_modes([x * 1e6 for x in (0.35, 0.35, 0.35, 0.35, 0.35, 0.35, 0.35, 0.64)]) is None  # one outlier

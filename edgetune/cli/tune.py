@@ -123,7 +123,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                 building[d] = (ev["candidate"], ev["kernel"])
                 err_console.print(plain(f"{d}: {ev['shape']} tuning {ev['candidate']}: kernel {ev['kernel']}"),
                                   highlight=False, soft_wrap=True)
-        elif ev["event"] == "unavailable" and log_lines:
+        elif ev["event"] == "unavailable":
             err_console.print(plain(f"{d}: no {ev['space']} candidates: {ev['reason']}"), highlight=False)
         elif ev["event"] in ("retry", "down"):
             err_console.print(plain(f"{d}: {ev['event']}: {ev.get('error')}", style="yellow"), highlight=False)

@@ -9,7 +9,7 @@ soaking up trials). It is the idea of MetaSchedule's gradient task scheduler, ke
 that every trial still goes through edgetune's verified measurement. ``first_share=1.0`` is the
 even split (the remainder, fewer trials than kernels, goes to the slowest kernel), which is what
 ``tune_relax_model`` uses by default: at 256 trials on the bundled MobileNet the weighted share did
-not beat it (tools/bench/bench_model_tuning.py; see the README).
+not beat it (tools/bench/bench_model_tuning.py; see docs/results/tvm-models.md).
 
 Pure bookkeeping (no TVM): ``first_round()`` gives the cumulative targets of the first slice;
 after each tuning call, ``report(name, best_latency_ns)``; ``next_chunk()`` returns

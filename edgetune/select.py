@@ -171,7 +171,7 @@ def _level(cap: int | None, shares: Sequence[float], slot: int, n: int) -> float
     """The confidence level of the look at n counted rounds of contender ``slot``: a planned look's,
     or, between looks, the next planned look's (a confirmation cut short there takes that look at the
     rounds it has: each path takes each look once, so the spending bound holds)."""
-    if cap is None:
+    if not cap:  # a run before sequential looks, or one without confirmation rounds
         return 0.95
     alpha = ALPHA * shares[min(slot, len(shares) - 1)]
     levels = look_levels(cap, alpha)

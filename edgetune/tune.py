@@ -36,7 +36,7 @@ from edgetune.kernels.targets import gpu_peak_gflops
 from edgetune.results import RunSummary, summarize_run
 from edgetune.measure import looks
 from edgetune.select import CONFIRM_BASE, SEQUENTIAL, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
-from edgetune.space import BuildFailed, Prepared, load_space
+from edgetune.space import APPROXIMATE_SPACES, BuildFailed, Prepared, load_space
 from edgetune.space.openvino import check_precision
 from edgetune.space.ort_gpu import GPU_PROVIDERS
 from edgetune.text import device_text
@@ -212,10 +212,12 @@ class DeviceTuner:
                 rest = [c for c in cands if not c.baseline]
                 step = max(1, len(rest) // max(1, self.cfg.max_candidates))
                 cands = base + rest[::step][: self.cfg.max_candidates]
+            if not self.cfg.accuracy.set and name not in APPROXIMATE_SPACES:
+                # a family's approximate configurations cannot be selected without a budget: not raced.
+                # Its approximate default still runs (it fails as approximate, which tells the user what
+                # it is), and so does a space of approximate forms the user names (its accuracy reported)
+                cands = [c for c in cands if c.baseline or not c.approximate]
             out.extend((c, space) for c in cands)
-        if not self.cfg.accuracy.set:  # approximate configurations cannot be selected: not raced. A runtime's
-            # approximate default still runs: it fails as approximate, which tells the user what it is
-            out = [(c, s) for c, s in out if c.baseline or not c.approximate]
         for cand, prepared in self.cfg.extra:
             out.append((cand, prepared))
         return out

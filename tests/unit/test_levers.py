@@ -122,9 +122,9 @@ def test_a_rewrite_that_fails_is_the_candidates_build_failure(tmp_path):
     OOM killer) is a named build failure and leaves nothing behind, and the tuner goes on."""
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07not a model")
-    from edgetune.space.ort_rewrite import _cached
+    from edgetune.space.ort_rewrite import cached_build
 
     with pytest.raises(BuildFailed, match="ort-int8|quantize"):
-        _cached(tmp_path / "cache", "ort-int8", {"model": "x"}, {"op": "quantize", "src": str(bad),
+        cached_build(tmp_path / "cache", "ort-int8", {"model": "x"}, {"op": "quantize", "src": str(bad),
                                                                   "variant": "dynamic-matmul"})
     assert not [p for p in (tmp_path / "cache" / "ort-int8").iterdir()]  # no half-built model left

@@ -140,6 +140,9 @@ def main() -> int:
     ap.add_argument("--final-budget", type=float, default=90.0, help="seconds for the final's rounds")
     ap.add_argument("--accuracy", action="append", default=[])
     ap.add_argument("--max-candidates", type=int, default=None)
+    ap.add_argument("--space", default="ort,ort-fused,openvino,litert",
+                    help="edgetune's spaces (default: every family but TVM, whose untuned builds of full-size "
+                         "models take minutes each and were never the fastest on a CPU here)")
     ap.add_argument("--benchmark-app-seconds", type=int, default=10)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -157,7 +160,7 @@ def main() -> int:
         path = zoo.build(name, a.size, home_subdir("zoo") / a.size)
         dims = nominal_points(name, a.size)[0]["dims"]
         t0 = time.monotonic()
-        spaces = with_approximate(DEFAULT_SPACES + (("litert",) if "litert" in SPACES else ()), acc.set)
+        spaces = with_approximate(tuple(x for x in a.space.split(",") if x) or DEFAULT_SPACES, acc.set)
         cfg = TuneConfig(budget_s=a.budget, spaces=spaces, accuracy=acc, max_candidates=a.max_candidates, fresh=True)
         sel = tune(path, ["local"], db=work / "tune.db", config=cfg, points=[dims]).devices[0]
         shape = sel.summary.shapes[0] if sel.summary and sel.summary.shapes else None

@@ -13,8 +13,8 @@ setup:
 ## make demo: tune the bundled conv net and transformer on this machine, print tables, write reports to out/
 demo: setup
 	@mkdir -p out
-	EDGETUNE_HOME=$(CURDIR)/out/home .venv/bin/edgetune tune mobilenet --budget $(DEMO_BUDGET) --sweep batch=1,16 --report-dir out/mobilenet
-	EDGETUNE_HOME=$(CURDIR)/out/home .venv/bin/edgetune tune transformer --budget $(DEMO_BUDGET) --sweep seq=32,128 --report-dir out/transformer
+	EDGETUNE_HOME=$(CURDIR)/out/home .venv/bin/edgetune tune mobilenet --budget $(DEMO_BUDGET) --sweep batch=1,16 --brief --report-dir out/mobilenet
+	EDGETUNE_HOME=$(CURDIR)/out/home .venv/bin/edgetune tune transformer --budget $(DEMO_BUDGET) --sweep seq=32,128 --brief --report-dir out/transformer
 	@echo "reports: out/mobilenet/report.md out/transformer/report.md"
 
 ## make test: the whole suite, farm included (sshd, qemu board, adb server + phone emulator on 127.0.0.1)

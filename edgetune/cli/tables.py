@@ -47,3 +47,22 @@ def run_tables(summary: RunSummary) -> list[Table]:
                 t.add_row(label, key, status, "—", "—", "—", "0", fmt_err(c), "—")
         tables.append(t)
     return tables
+
+
+def family_tables(run: dict) -> list[Table]:
+    """The compact view of a run (report dict): per shape, the best of each runtime family and
+    precision, and the verdict line naming the baseline the selection was judged against."""
+    tables = []
+    for s in run["shapes"]:
+        shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
+        t = Table(title=plain(f"{Path(run['model']).name} on {run['device']} — {shape}: the best of each runtime "
+                              f"family and precision (race medians)"), title_justify="left",
+                  caption=plain(s["verdict"]), caption_justify="left")
+        for col in ("family", "precision", "best configuration", "median ms", "95% CI ms", "error / accuracy"):
+            t.add_column(col, overflow="fold")
+        for f in s["families"]:
+            prec = f["precision"] + (" (approximate)" if f["approximate"] else "")
+            t.add_row(plain(f["family"]), plain(prec), plain(("★ " if f["selected"] else "") + f["label"]),
+                      f"{f['median_ms']:.4g}", f"{f['ci95_ms'][0]:.4g}–{f['ci95_ms'][1]:.4g}", fmt_err(f))
+        tables.append(t)
+    return tables

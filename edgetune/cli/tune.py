@@ -49,20 +49,22 @@ def tune_cmd(
                                            "cluster (same edgetune, onnxruntime and TVM on its nodes); "
                                            "measurements stay on the devices"),
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="also write report.md, report.json and report.html here"),
+    brief: bool = typer.Option(False, "--brief", help="print only the best of each runtime family and precision "
+                               "and the verdict per shape (the full tables go to --report-dir)"),
     db: Optional[str] = DbOpt,
     fmt: Format = FormatOpt,
 ) -> None:
     """Tune MODEL on one or more devices: every candidate verified, speedups with 95% CIs."""
     run_guarded(_tune, model, device, budget, sweep, dim, input, space, adapter, rounds, finalists, max_candidates,
-                timeout, fresh, report_dir, db, fmt, tvm_trials, reproducing_command(ctx), accuracy, join, ray)
+                timeout, fresh, report_dir, db, fmt, tvm_trials, reproducing_command(ctx), accuracy, join, ray, brief)
 
 
 def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
-          fresh, report_dir, db, fmt, tvm_trials=0, command="", accuracy=(), join=None, ray=None):
+          fresh, report_dir, db, fmt, tvm_trials=0, command="", accuracy=(), join=None, ray=None, brief=False):
     # lazy: CLI start-up (these import numpy and the tuner; --help needs neither)
     from edgetune.accuracy import AccuracyBudget
     from edgetune.api import resolve_model
-    from edgetune.cli.tables import run_tables
+    from edgetune.cli.tables import family_tables, run_tables
     from edgetune.report import markdown, report_dict, write_atomic
     from edgetune.report.html import render
     from edgetune.space import SPACES, with_approximate
@@ -144,9 +146,11 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     if fmt == Format.json:
         emit_json(rep)
     else:
+        runs = {r["run_id"]: r for r in rep["runs"]}
         for d in outcome.devices:
             if d.summary:
-                for t in run_tables(d.summary):
+                brief_run = runs.get(d.run_id) if brief else None
+                for t in (family_tables(brief_run) if brief_run else run_tables(d.summary)):
                     console.print(t)
             note = f" (resumed: {d.jobs_skipped} jobs already recorded)" if d.jobs_skipped else ""
             if d.status == "joined":

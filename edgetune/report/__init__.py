@@ -59,15 +59,18 @@ def family_of(cand: dict[str, Any]) -> tuple[str, str]:
 def families(shape: dict[str, Any]) -> list[dict[str, Any]]:
     """The best verified candidate of each runtime family and precision (by its race median): what
     a user picking a runtime by hand would choose between. Fastest first; the selected one marked."""
-    best: dict[tuple[str, str], dict[str, Any]] = {}
+    best: dict[tuple[str, ...], dict[str, Any]] = {}
     for c in shape["candidates"]:
         if c["status"] != "verified" or not c["stats"]:
             continue
         fam = family_of(c["candidate"])
         if fam not in best or c["stats"]["median_ms"] < best[fam]["stats"]["median_ms"]:
             best[fam] = c
+    chosen = next((c for c in shape["candidates"] if c["candidate"]["key"] == shape["best"] and c["stats"]), None)
+    if chosen is not None and all(c is not chosen for c in best.values()):  # the selection is always shown
+        best[family_of(chosen["candidate"]) + ("selected",)] = chosen
     rows = []
-    for (fam, prec), c in sorted(best.items(), key=lambda kv: kv[1]["stats"]["median_ms"]):
+    for (fam, prec, *_), c in sorted(best.items(), key=lambda kv: kv[1]["stats"]["median_ms"]):
         rows.append({"family": fam, "precision": prec, "approximate": bool(c.get("approximate")),
                      "label": c["label"], "key": c["candidate"]["key"], "median_ms": c["stats"]["median_ms"],
                      "ci95_ms": c["stats"]["ci95_ms"], "accuracy": c.get("accuracy"), "max_rel_err": c.get("max_rel_err"),

@@ -182,3 +182,19 @@ def test_export_refuses_an_openvino_selection_in_one_line_before_writing(tmp_pat
     assert p.returncode != 0 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "cannot export 'openvino default (fp32)'" in lines[0] and "openvino configuration" in lines[0]
     assert not out.exists()
+
+
+def test_brief_output_shows_each_family_and_the_verdict(tmp_path, local_info):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EDGETUNE_HOME": str(tmp_path / "home"), "COLUMNS": "220"}
+    p = subprocess.run([sys.executable, "-m", "edgetune.cli.main", "tune", "mobilenet", "--space", "ort,openvino",
+                        "--budget", "4", "--rounds", "1", "--max-candidates", "1", "--brief", "--report-dir",
+                        str(tmp_path / "r")], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "the best of each runtime family and precision" in p.stdout
+    assert "onnxruntime" in p.stdout and "OpenVINO" in p.stdout and "★" in p.stdout
+    assert "selected " in p.stdout and "ort mode=" not in p.stdout  # no full candidate table
+    assert "| candidate |" in (tmp_path / "r" / "report.md").read_text()  # the full tables went to the report

@@ -40,7 +40,7 @@ RUNTIME_KEYS = ("num_threads", "xnnpack")
 def unavailable_reason(info: AgentInfo | None = None) -> str | None:
     """Why the ``litert`` space has no candidates for an ONNX model (on the device ``info``
     describes, when given); None when it has."""
-    if info is not None and "tflite" not in info.runtimes:
+    if info is not None and not info.runtimes.get("tflite"):  # (the native agent lists it as null)
         return (f"the {info.agent} agent reports no tflite runtime (ai-edge-litert or tflite-runtime on the "
                 f"device's Python)")
     return onnx2tflite.unavailable_reason()

@@ -18,7 +18,7 @@ class TfliteSpace:
     name = "tflite"
 
     def available(self, model: Model, info: AgentInfo) -> bool:
-        return model.format == "tflite" and "tflite" in info.runtimes
+        return model.format == "tflite" and bool(info.runtimes.get("tflite"))  # (the native agent: null)
 
     def candidates(self, model: Model, info: AgentInfo) -> list[Candidate]:
         if not self.available(model, info):

@@ -146,3 +146,31 @@ def test_tvm_tuned_over_ssh_measures_kernels_on_the_device(ssh_farm, tiny, tmp_p
     # the tuning records are keyed by THIS device's fingerprint
     dbs = list((tmp_path / "home" / "artifacts" / "tuning-db").glob("*"))
     assert dbs, "no tuning database written"
+
+
+def test_runtime_families_over_ssh_and_what_a_phone_cannot_run(ssh_farm, adb_farm, tiny, tmp_path):
+    """OpenVINO and LiteRT (a verified onnx2tf conversion) go through the whole protocol on the ssh
+    board; the phone's native agent cannot run either, and the run says so instead of leaving them out."""
+    from edgetune.accuracy import AccuracyBudget
+    from tests.conftest import require
+    from edgetune.convert import onnx2tflite
+
+    require(onnx2tflite.unavailable_reason() is None, f"the onnx2tf converter: {onnx2tflite.unavailable_reason()}")
+    inv = _inventory(tmp_path, ssh_farm=ssh_farm, adb_farm=adb_farm)
+    cfg = _cfg(spaces=("ort", "openvino", "litert"), budget_s=4, accuracy=AccuracyBudget(cosine=0.99),
+               confirm_rounds=3)
+    out = tune(tiny, ["board", "phone"], dims=["batch=4"], db=tmp_path / "t.db", config=cfg, inventory=inv)
+    by = {d.device: d for d in out.devices}
+    board, phone = by["board"], by["phone"]
+    assert board.status == "complete", board.error
+    assert board.families_not_run == {}
+    labels = {c.candidate.label(): c for c in board.summary.shapes[0].candidates}
+    for name in ("openvino default (fp32)", "litert default (fp32)"):
+        assert labels[name].status == "verified" and labels[name].max_rel_err <= 1e-4, (name, labels[name].reason)
+    for c in labels.values():  # every other form ran the whole protocol: verified, or judged by its accuracy
+        if c.candidate.backend in ("openvino", "litert") and c.status != "verified":
+            assert c.candidate.approximate and "accuracy budget" in c.reason, (c.candidate.label(), c.reason)
+    assert phone.status == "complete", phone.error
+    assert set(phone.families_not_run) == {"openvino", "litert"}, phone.families_not_run
+    assert "native agent" in phone.families_not_run["openvino"]
+    assert all(c.candidate.backend == "ort" for c in phone.summary.shapes[0].candidates)

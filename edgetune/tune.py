@@ -306,6 +306,8 @@ class DeviceTuner:
                             extra["hostwork"] = self.hostwork
                         if getattr(space, "wants_store", False):  # a build that records sessions of its own
                             extra["db"] = str(self.store.path)
+                        if getattr(space, "wants_deadline", False):  # a conversion bounded by the budget
+                            extra["deadline"] = deadline
                         if getattr(space, "wants_progress", False):  # long builds (tvm-tuned) report as they go
                             extra["progress"] = lambda ev, _label=cand.label(): self.progress(
                                 {"event": "build", "device": self.spec.name, "shape": wl.shape_label,

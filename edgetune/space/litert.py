@@ -22,6 +22,7 @@ tune records it among the families not run).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from edgetune.agent.host import AgentInfo
@@ -46,8 +47,14 @@ def unavailable_reason(info: AgentInfo | None = None) -> str | None:
     return onnx2tflite.unavailable_reason()
 
 
+# a conversion gets the shape's budget left, but at least this long: onnx2tf on a full-size model
+# takes minutes, and a conversion that timed out is not cached (a later run tries again)
+MIN_CONVERT_S = 180.0
+
+
 class LitertSpace:
     name = "litert"
+    wants_deadline = True  # tune passes the shape's deadline (time.monotonic) to prepare
 
     def unavailable(self, model: Model, info: AgentInfo) -> str | None:
         """Why this device gets no LiteRT candidates for the model, or None (tune shows it)."""
@@ -69,10 +76,14 @@ class LitertSpace:
                     out.append(Candidate.make("litert", params))
         return out
 
-    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path) -> Prepared:
+    def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path,
+                deadline: float | None = None) -> Prepared:
         p = cand.param_dict
         precision = VARIANTS[(str(p.get("precision", "fp32")), p.get("quant"))][0]
-        conv = onnx2tflite.convert(workload, precision, cache_dir)
+        timeout = onnx2tflite.CONVERT_TIMEOUT_S
+        if deadline is not None:  # the user's --budget bounds the conversion too (with a floor)
+            timeout = min(timeout, max(MIN_CONVERT_S, deadline - time.monotonic()))
+        conv = onnx2tflite.convert(workload, precision, cache_dir, timeout_s=timeout)
         params = {k: p[k] for k in RUNTIME_KEYS if k in p}
         return Prepared("tflite", conv.path, {**params, **conv.layout_params()})
 

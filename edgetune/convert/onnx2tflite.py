@@ -350,6 +350,12 @@ class _Transient(BuildFailed):
     """A failure that may not repeat (a timeout, a kill): not remembered in the cache."""
 
 
+# conversions that timed out or were killed in this process: not cached on disk (a later run, with
+# more time or memory, tries again), but the other candidates of this run that need the same
+# conversion fail at once instead of spending the same minutes again
+_TRANSIENT: dict[Path, str] = {}
+
+
 def _build(cache: Path, key: str, make) -> Path:
     """The directory ``cache/key``, made by ``make(tmpdir)`` once; a deterministic failure is remembered
     (``key.failed``) and raised again without converting."""
@@ -359,6 +365,8 @@ def _build(cache: Path, key: str, make) -> Path:
     failed = cache / f"{key}.failed"
     if failed.is_file():
         raise BuildFailed(failed.read_text().strip())
+    if final in _TRANSIENT:
+        raise BuildFailed(f"{_TRANSIENT[final]} (earlier in this run)")
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     try:
@@ -369,7 +377,8 @@ def _build(cache: Path, key: str, make) -> Path:
             if not (final / "mapping.json").is_file():  # (else: another build of the same key won the race)
                 raise
         return final
-    except _Transient:
+    except _Transient as exc:
+        _TRANSIENT[final] = str(exc)
         raise
     except BuildFailed as exc:
         _write_atomic(failed, str(exc))

@@ -153,3 +153,13 @@ def test_approximate_litert_candidates_are_judged_by_accuracy(mobilenet, shared_
         got = by_key[c.key()]
         assert got.status == "verified", (c.label(), got.reason)
         assert got.accuracy["cosine"] >= 0.99
+
+
+def test_a_conversion_that_times_out_is_not_cached_but_not_retried_in_the_same_run(mobilenet, tmp_path):
+    _need_converter()
+    wl = build_workload(mobilenet, {"batch": 3}, {}, n_seeded=1)  # a shape no other test converts
+    with pytest.raises(BuildFailed, match="timed out after 0.5 s"):
+        onnx2tflite.convert(wl, "fp32", tmp_path, timeout_s=0.5)
+    with pytest.raises(BuildFailed, match=r"timed out after 0.5 s .*\(earlier in this run\)"):
+        onnx2tflite.convert(wl, "int8-dynamic", tmp_path, timeout_s=900)  # needs the same fp32 conversion
+    assert not list((tmp_path / "onnx2tf").glob("*.failed"))  # a later run (more time) tries again

@@ -113,13 +113,14 @@ def _runtimes(info, m, entry) -> list[tuple[str, Candidate | None, str]]:
     # its exact form: OpenVINO's default is bf16 on CPUs with bf16 units, not what an exact check checks
     out.append(("OpenVINO (fp32)", None if why_not else Candidate.make("openvino", {"config": "default", "precision": "fp32"},
                                                                        baseline=True), why_not or ""))
-    tfl = entry.tflite
-    if tfl is not None:
-        out.append(("LiteRT/XNNPACK", None, f"no .tflite form: {tfl}"))
-    elif not info.runtimes.get("tflite"):
-        out.append(("LiteRT/XNNPACK", None, "no LiteRT on the device"))
-    else:
-        out.append(("LiteRT/XNNPACK", None, "the .tflite form is not built by zoo check yet"))
+    from edgetune.space.litert import SPACE as LITERT
+
+    # the .tflite form is onnx2tf's conversion, verified on the host before it runs (a conversion
+    # that fails or changes the function is this cell's build failure, with its reason)
+    why_not = LITERT.unavailable(m, info)
+    out.append(("LiteRT/XNNPACK (fp32)", None if why_not else Candidate.make("litert", {"config": "default",
+                                                                                       "precision": "fp32"},
+                                                                             baseline=True), why_not or ""))
     if TVM.available(m, info):
         cores = int(info.fingerprint.get("cores") or 1)
         out.append(("TVM Relax (untuned)", Candidate.make("tvm-relax", {"num_threads": cores}), ""))

@@ -24,6 +24,10 @@ def ls_cmd(fmt: Format = FormatOpt) -> None:
 def _ls(fmt):
     import models.zoo as zoo
 
+    from edgetune.convert.onnx2tflite import unavailable_reason
+
+    why = unavailable_reason()  # every zoo model is ONNX: its .tflite form is the litert space's conversion
+    tflite_text = f"none here: {why}" if why else "converted by onnx2tf (litert space), verified per shape"
     have = set(zoo.available())
     rows = []
     for name, e in zoo.ZOO.items():
@@ -31,7 +35,7 @@ def _ls(fmt):
             rows.append({"name": name, "available": False})
             continue
         rows.append({"name": name, "available": True, "title": e.title, "family": e.family,
-                     "dims": {s: e.dims(s) for s in zoo.SIZES}, "tflite": e.tflite or "yes"})
+                     "dims": {s: e.dims(s) for s in zoo.SIZES}, "tflite": tflite_text})
     if fmt == Format.json:
         emit_json({"schema": "edgetune.zoo/1", "models": rows})
         return

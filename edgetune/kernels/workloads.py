@@ -20,7 +20,9 @@ Two kinds:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
@@ -1368,7 +1370,9 @@ def load_onnx_relax(onnx_path: str | Path, input_shapes: Mapping[str, Sequence[i
         raise UserInputError(f"{path.name}: no input named {sorted(unknown)}; inputs are {graph_inputs}")
     shape_dict = {k: [int(d) for d in v] for k, v in input_shapes.items()}
     try:
-        mod = from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+        # TVM's importer prints what it fails on to stdout: stderr's, never into --format json output
+        with contextlib.redirect_stdout(sys.stderr):
+            mod = from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
     except Exception as exc:  # noqa: BLE001
         raise ModelError(f"TVM cannot import {path.name}: {exc}") from exc
     return mod

@@ -198,3 +198,35 @@ def test_brief_output_shows_each_family_and_the_verdict(tmp_path, local_info):
     assert "onnxruntime" in p.stdout and "OpenVINO" in p.stdout and "★" in p.stdout
     assert "selected " in p.stdout and "ort mode=" not in p.stdout  # no full candidate table
     assert "| candidate |" in (tmp_path / "r" / "report.md").read_text()  # the full tables went to the report
+
+
+def test_pack_and_repro_check_rerun_openvino_and_litert_selections(tmp_path, local_info):
+    """A run over the OpenVINO and LiteRT families packs, and repro check re-runs and re-verifies
+    its configurations (the LiteRT conversion rebuilt from the package's model, by content)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from edgetune.convert import onnx2tflite
+    from tests.conftest import require
+
+    require(onnx2tflite.unavailable_reason() is None, f"the onnx2tf converter: {onnx2tflite.unavailable_reason()}")
+    cli = [sys.executable, "-m", "edgetune.cli.main"]
+
+    def run(args, home):
+        env = {**os.environ, "EDGETUNE_HOME": str(tmp_path / home), "COLUMNS": "200"}
+        return subprocess.run(cli + [str(a) for a in args], capture_output=True, text=True, env=env, timeout=900)
+
+    db = tmp_path / "t.db"
+    p = run(["tune", "mobilenet", "--space", "openvino,litert", "--budget", "6", "--rounds", "1",
+             "--max-candidates", "1", "--db", db, "-f", "json"], "home")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)["runs"][0]
+    backends = {c["candidate"]["backend"] for c in r["shapes"][0]["candidates"] if c["status"] == "verified"}
+    assert backends == {"openvino", "litert"}, backends
+    assert run(["pack", r["run_id"], "-o", tmp_path / "pkg", "--db", db], "home").returncode == 0
+    p = run(["repro", "check", tmp_path / "pkg", "-d", "local", "-f", "json", "--rounds", "3", "--budget", "6"], "home2")
+    assert p.returncode in (0, 1), p.stderr
+    res = json.loads(p.stdout)
+    assert res["verifications"] and all(v["ok"] for v in res["verifications"]), res["verifications"]

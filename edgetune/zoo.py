@@ -133,6 +133,7 @@ def _runtimes(info, m, entry) -> list[tuple[str, Candidate | None, str]]:
 
 def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=None, timeout_s: float = 300.0,
           budget_ms: float = 20.0, seed: int | None = None, tvm: bool | Sequence[str] = True,
+          litert: bool | Sequence[str] = True,
           progress: Event | None = None) -> dict[str, Any]:
     """The matrix as a JSON document (schema ``edgetune.zoo-check/1``)."""
     import models.zoo as zoo
@@ -178,6 +179,9 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
                         if cand is not None and cand.backend == "tvm-relax" and (
                                 not tvm or (not isinstance(tvm, bool) and n not in tvm)):
                             cand, why = None, "not asked for (--no-tvm)"
+                        if cand is not None and cand.backend == "litert" and (
+                                not litert or (not isinstance(litert, bool) and n not in litert)):
+                            cand, why = None, "not asked for (--no-litert)"
                         emit({"event": "cell", "model": n, "device": spec.name, "runtime": column})
                         cell = _cell(tuner, info, wl, refs64, n, size, spec.name, column, cand, why, budget_ms)
                         cells.append(cell)

@@ -101,12 +101,14 @@ def check_cmd(names: List[str] = typer.Argument(None, help="zoo models (default:
               seed: Optional[int] = typer.Option(None, "--seed", help="input seed (default: fresh; printed)"),
               tvm: bool = typer.Option(True, "--tvm/--no-tvm", help="include TVM Relax (untuned) where the device "
                                        "has the TVM runtime"),
+              litert: bool = typer.Option(True, "--litert/--no-litert", help="include LiteRT on the onnx2tf "
+                                          "conversion (verified on the host; a conversion takes seconds to minutes)"),
               fmt: Format = FormatOpt) -> None:
     """Correctness matrix: every model x device x runtime family, against an independent float64 reference."""
-    run_guarded(_check, names or [], size, device, html_out, timeout, seed, tvm, fmt)
+    run_guarded(_check, names or [], size, device, html_out, timeout, seed, tvm, fmt, litert)
 
 
-def _check(names, size, devices, html_out, timeout, seed, tvm, fmt):
+def _check(names, size, devices, html_out, timeout, seed, tvm, fmt, litert=True):
     from edgetune.zoo import check, html_matrix, markdown
 
     def on_event(ev):
@@ -120,7 +122,7 @@ def _check(names, size, devices, html_out, timeout, seed, tvm, fmt):
                                           + (f" ({c.reason[:100]})" if c.status not in ("pass", "n/a") else "")),
                               highlight=False, markup=False)
 
-    doc = check(names, size, devices, timeout_s=timeout, seed=seed, tvm=tvm, progress=on_event)
+    doc = check(names, size, devices, timeout_s=timeout, seed=seed, tvm=tvm, litert=litert, progress=on_event)
     if html_out:
         from edgetune.report import write_atomic
 

@@ -32,7 +32,9 @@ def test_zoo_check_small_on_three_farm_devices(qemu_board, adb_farm, tmp_path):
     inv.add("phone", f"adb://{adb_farm.phone.serial}@{adb_farm.adb_host}:{adb_farm.adb_port}",
             workdir="/data/local/tmp/edgetune-zoo")
     # TVM on two models only (a pass and the importer's failure): its builds dominate the run's time
-    doc = check([], "small", ["host", "board", "phone"], inventory=inv, budget_ms=5.0, tvm=["resnet50", "bert_base"])
+    # LiteRT likewise (its conversions take seconds to minutes each): a pass and a named conversion failure
+    doc = check([], "small", ["host", "board", "phone"], inventory=inv, budget_ms=5.0, tvm=["resnet50", "bert_base"],
+                litert=["mobilenetv3", "vit_b16"])
     print(markdown(doc))
     cells = doc["cells"]
     assert {c["status"] for c in cells} <= MODES
@@ -46,6 +48,11 @@ def test_zoo_check_small_on_three_farm_devices(qemu_board, adb_farm, tmp_path):
         assert all(c["max_rel_err"] is not None and c["max_rel_err"] < 1e-3 for c in ort.values())
     # every n/a says why; every failure says what failed
     assert all(c["reason"] for c in cells if c["status"] != "pass")
+    lite = {c["model"]: c for c in cells if c["device"] == "host" and c["runtime"].startswith("LiteRT")}
+    assert lite["mobilenetv3"]["status"] == "pass", lite["mobilenetv3"]
+    assert lite["vit_b16"]["status"] == "build-failed" and "Select TensorFlow" in lite["vit_b16"]["reason"]
+    assert all("native agent" in c["reason"] or "no tflite runtime" in c["reason"]
+               for c in cells if c["device"] != "host" and c["runtime"].startswith("LiteRT"))
     tvm = {c["model"]: c["status"] for c in cells if c["device"] == "host" and c["runtime"].startswith("TVM")}
     assert tvm["resnet50"] == "pass" and tvm["bert_base"] == "build-failed" and tvm["gpt2"] == "n/a"
     # the board is emulated and reports the aarch64 onnxruntime it ran

@@ -115,6 +115,30 @@ class TuneOutcome:
         return report_dict(self)
 
 
+def form(cand: Candidate) -> tuple[Any, Any]:
+    """What a candidate computes in: its precision and quantization (fp32 when it names none)."""
+    p = cand.param_dict
+    return (p.get("precision", "fp32"), p.get("quant"))
+
+
+def cap_candidates(cands: list[Candidate], n: int) -> list[Candidate]:
+    """A space's candidates capped at ``n`` besides its baselines (quick runs), spread evenly over
+    the space's list; then the first of each form (precision, quantization) the spread missed is
+    added, so a cap never drops a whole precision a user would hand-pick (OpenVINO's NNCF int8,
+    LiteRT's fp16): a space of more forms than ``n`` gets one candidate of each."""
+    base = [c for c in cands if c.baseline]
+    rest = [c for c in cands if not c.baseline]
+    step = max(1, len(rest) // max(1, n))
+    picked = rest[::step][:n]
+    seen = {form(c) for c in picked}
+    for c in rest:
+        if form(c) not in seen:
+            seen.add(form(c))
+            picked.append(c)
+    order = {c: i for i, c in enumerate(rest)}
+    return base + sorted(picked, key=order.__getitem__)
+
+
 def sequential_plan(cap: int) -> int:
     """The confirmation rounds planned for in time budgets: up to the second look (a clear effect
     stops there), all of them when there is one look."""
@@ -207,16 +231,13 @@ class DeviceTuner:
                 continue
             cands = (space.candidates(model, info, self.cfg.tvm_trials) if getattr(space, "wants_trials", False)
                      else space.candidates(model, info))
-            if self.cfg.max_candidates is not None and cands:
-                base = [c for c in cands if c.baseline]
-                rest = [c for c in cands if not c.baseline]
-                step = max(1, len(rest) // max(1, self.cfg.max_candidates))
-                cands = base + rest[::step][: self.cfg.max_candidates]
             if not self.cfg.accuracy.set and name not in APPROXIMATE_SPACES:
                 # a family's approximate configurations cannot be selected without a budget: not raced.
                 # Its approximate default still runs (it fails as approximate, which tells the user what
                 # it is), and so does a space of approximate forms the user names (its accuracy reported)
                 cands = [c for c in cands if c.baseline or not c.approximate]
+            if self.cfg.max_candidates is not None:
+                cands = cap_candidates(cands, self.cfg.max_candidates)
             out.extend((c, space) for c in cands)
         for cand, prepared in self.cfg.extra:
             out.append((cand, prepared))

@@ -1964,6 +1964,9 @@ class Supervisor:
                     os.close(fd)
             except OSError:
                 pass
+        import faulthandler
+
+        faulthandler.enable()  # a fatal signal writes where it struck to the log: the crash names it
         rc = cmd_run(self.jobdir)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -2117,7 +2120,9 @@ class Supervisor:
                 return {"status": "error", "limit": "output",
                         "reason": "result too large: a file of the job grew past %d bytes (limit %d bytes)"
                                   % (lim["max_bundle_bytes"], lim["max_bundle_bytes"])}
-            return {"status": "crashed", "signal": name, "reason": "crashed: the worker was killed by %s" % name}
+            site = crash_site(self.jobdir)
+            return {"status": "crashed", "signal": name,
+                    "reason": "crashed: the worker was killed by %s%s" % (name, " in " + site if site else "")}
         if not os.path.isfile(os.path.join(self.jobdir, "result.json")):
             return {"status": "crashed", "reason": "crashed: the worker exited with status %d and no result"
                                                    % os.WEXITSTATUS(status)}
@@ -2255,6 +2260,29 @@ def cmd_run_stdio(jobdir, data=None, client=None, started=None):
         pass
     _remove_jobdir(jobdir)
     return 0
+
+
+_FAULT_FRAME = re.compile(r'^\s*File "([^"\n]{1,400})", line (\d+) in ([A-Za-z0-9_<>.]{1,80})\s*$')
+
+
+def crash_site(jobdir):
+    """Where a fatal signal struck the worker, from faulthandler's dump in its log (the innermost
+    Python frame of the crashing thread: "run (edgetune_agent.py:410)"), or None. The log is the
+    candidate's output: only a line of faulthandler's own form is taken, and only its file's name."""
+    try:
+        with open(os.path.join(jobdir, LOG_NAME), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - LOG_TAIL))
+            lines = f.read(LOG_TAIL).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Current thread") and "most recent call first" in lines[i]:
+            m = _FAULT_FRAME.match(lines[i + 1]) if i + 1 < len(lines) else None
+            if m:
+                return "%s (%s:%s)" % (m.group(3), os.path.basename(m.group(1)), m.group(2))
+            return None
+    return None
 
 
 def _relay_log(jobdir):

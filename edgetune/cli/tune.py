@@ -37,7 +37,7 @@ def tune_cmd(
     adapter: List[str] = typer.Option([], "--adapter", help="a Python runtime adapter .py to add as a candidate"),
     rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved measuring rounds for the finalists"),
     finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),
-    max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="cap per space (quick runs)"),
+    max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="cap per space (quick runs; each precision form still gets one)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds before a candidate counts as hung"),
     fresh: bool = typer.Option(False, "--fresh", help="start a new run instead of resuming an identical one"),
     join: Optional[str] = typer.Option(None, "--join", metavar="RUN_ID",

@@ -156,7 +156,7 @@ def bench_cmd(ctx: typer.Context,
               rounds: int = typer.Option(3, "--rounds", min=1, help="interleaved race rounds for the finalists"),
               finalists: int = typer.Option(5, "--finalists", min=1, help="candidates raced against the baselines"),
               max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1,
-                                                           help="cap per space (quick runs)"),
+                                                           help="cap per space (quick runs; each precision form still gets one)"),
               db: Optional[str] = DbOpt,
               fmt: Format = FormatOpt) -> None:
     """Speed across shapes: tune each zoo model over its family's shape points; the selected config

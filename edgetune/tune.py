@@ -127,6 +127,8 @@ def cap_candidates(cands: list[Candidate], n: int) -> list[Candidate]:
     added, so a cap never drops a whole precision a user would hand-pick (OpenVINO's NNCF int8,
     LiteRT's fp16): a space of more forms than ``n`` gets one candidate of each."""
     base = [c for c in cands if c.baseline]
+    if n <= 0:  # (TuneConfig(max_candidates=0): the baselines alone)
+        return base
     rest = [c for c in cands if not c.baseline]
     step = max(1, len(rest) // max(1, n))
     picked = rest[::step][:n]

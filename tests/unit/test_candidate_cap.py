@@ -36,6 +36,7 @@ def test_a_cap_of_one_form_spreads_over_the_space_as_before():
     cands = [Candidate.make("ort", {"threads": t}, baseline=(t == 0)) for t in range(11)]
     capped = cap_candidates(cands, 2)
     assert [c.param_dict["threads"] for c in capped] == [0, 1, 6]  # baseline, then every 5th of 10
+    assert cap_candidates(cands, 0) == cands[:1]  # a cap of 0: the baselines alone
 
 
 def test_a_cap_on_litert_keeps_fp16_and_both_int8_forms():

@@ -149,7 +149,8 @@ def test_tvm_relax_build_is_a_verified_candidate(tiny_model, tmp_path):
     from tests.conftest import require
 
     require(importlib.util.find_spec("tvm") is not None, "apache-tvm not installed")
-    out = tune(tiny_model, ["local"], db=tmp_path / "t.db", config=_cfg(spaces=("ort", "tvm-relax"), max_candidates=1))
+    out = tune(tiny_model, ["local"], db=tmp_path / "t.db", config=_cfg(spaces=("ort", "tvm-relax"), max_candidates=1,
+                                                                         timeout_s=60))  # nothing here hangs
     s = out.devices[0].summary.shapes[0]
     tvm_rows = [c for c in s.candidates if c.candidate.backend == "tvm-relax"]
     assert tvm_rows and all(c.status == "verified" for c in tvm_rows), [c.reason for c in tvm_rows]

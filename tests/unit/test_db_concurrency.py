@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from edgetune import db as dbmod
+from edgetune.db import leases as leasemod
 from edgetune.candidate import Candidate
 from edgetune.db import SCHEMA_VERSION, Owner, Store
 from tests.fixtures.leases import hold_device
@@ -202,7 +203,7 @@ def test_a_held_run_is_waited_for_then_resumed(tmp_path):
     holder = _holder(tmp_path, db, "r")
     store = Store(db)
     run = store.get_run("r")
-    assert run["status"] == "running" and run["holder"] == f"pid {holder.pid} on {dbmod._HOST}"
+    assert run["status"] == "running" and run["holder"] == f"pid {holder.pid} on {leasemod._HOST}"
     waits: list[str] = []
 
     def on_wait(who: str) -> None:  # called once the wait has begun: now let the holder finish
@@ -211,7 +212,7 @@ def test_a_held_run_is_waited_for_then_resumed(tmp_path):
         holder.stdin.flush()
 
     assert _start(store, "r", on_wait=on_wait) is True  # resumed, after the holder gave it back
-    assert waits == [f"pid {holder.pid} on {dbmod._HOST}"]
+    assert waits == [f"pid {holder.pid} on {leasemod._HOST}"]
     assert holder.wait(timeout=60) == 0
     assert store.get_run("r")["status"] == "running" and store.get_run("r")["holder"]
     store.finish_run("r", {})
@@ -228,7 +229,7 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path, reap):
         holder.wait(timeout=60)
     else:  # killed but not yet reaped by its parent: a zombie still has its pid
         deadline = time.monotonic() + 60
-        while dbmod._proc_stat(holder.pid) is not None and dbmod._proc_stat(holder.pid)[0] != "Z":
+        while leasemod._proc_stat(holder.pid) is not None and leasemod._proc_stat(holder.pid)[0] != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
     try:
@@ -271,7 +272,7 @@ def test_a_holder_on_another_host_holds_until_its_lease_expires(tmp_path):
 
 
 def test_the_heartbeat_renews_and_close_gives_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(dbmod, "HEARTBEAT_S", 0.02)
+    monkeypatch.setattr(leasemod, "HEARTBEAT_S", 0.02)
     db = tmp_path / "t.db"
     store = Store(db)
     _start(store, "r")

@@ -13,16 +13,16 @@ The parts, each importing only those before it:
   version, created or migrated atomically, the database file's privacy;
 - ``leases``: who holds a run, a shape point or a device (``Owner``), waiting for a holder, the
   heartbeat that renews a Store's leases;
-- ``records``: ``RecordRow`` (a record as read back), writing, reading and copying records
-  (``edgetune db migrate``);
+- ``records``: ``Record`` (one job's record as written), ``RecordRow`` (as read back), writing,
+  reading and copying records (``edgetune db migrate``);
 - ``store``: ``Store``, made of those parts, and ``device_lease``.
 """
 
 from edgetune.db.dialect import SCHEMA_VERSION, default_db_path, redact
 from edgetune.db.leases import HEARTBEAT_S, LEASE_S, WAIT_POLL_S, DeviceBusy, LeaseLost, Owner
-from edgetune.db.records import RecordRow
+from edgetune.db.records import STATUSES, Record, RecordRow
 from edgetune.db.samples import samples_problem
 from edgetune.db.store import Store, device_lease
 
-__all__ = ["SCHEMA_VERSION", "LEASE_S", "HEARTBEAT_S", "WAIT_POLL_S", "DeviceBusy", "LeaseLost", "Owner",
-           "RecordRow", "Store", "default_db_path", "device_lease", "redact", "samples_problem"]
+__all__ = ["SCHEMA_VERSION", "LEASE_S", "HEARTBEAT_S", "WAIT_POLL_S", "STATUSES", "DeviceBusy", "LeaseLost", "Owner",
+           "Record", "RecordRow", "Store", "default_db_path", "device_lease", "redact", "samples_problem"]

@@ -1,6 +1,6 @@
 """The store's records: append-only, one per job, keyed by workload (model hash + input shapes +
-inputs), device fingerprint, candidate key and versions. ``RecordRow`` is one as it is read back
-(with its id and time, its samples checked).
+inputs), device fingerprint, candidate key and versions. ``Record`` is a record as it is written,
+``RecordRow`` one as it is read back (with its id and time, its samples checked).
 
 Each record is committed on its own, so an interrupted tune (Ctrl-C, kill -9) loses at most the job
 in flight, and a resumed run skips what is already recorded. Only the holder of a run (or of the
@@ -12,20 +12,87 @@ runs and records into another (``copy_from``).
 from __future__ import annotations
 
 import json
+import math
+import numbers
+import operator
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from edgetune.db.leases import Leases
-from edgetune.db.samples import decode, encode, samples_problem
+from edgetune.db.samples import SAMPLE_DTYPE, decode, encode, samples_problem
 from edgetune.errors import StoreError
+
+# what a job's record says of it: verified or failed (a timed job), checked or unchecked (a check
+# that times nothing, e.g. a judge's compute-sanitizer run, where the tool could not say)
+STATUSES = ("verified", "failed", "checked", "unchecked")
 
 _INSERT = ("INSERT INTO records (run_id, workload_key, shape, shape_key, fingerprint_key, candidate_key,"
            " candidate, versions, round, status, reason, verdict, samples, wall_ms, agent_ms, created)"
            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
            " ON CONFLICT (run_id, shape_key, candidate_key, round) DO NOTHING")
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: its samples are an array (compare fields, not records)
+class Record:
+    """One job's record as it is written (``Store.add_record``): everything a record row stores but
+    its id and the time it is written. The candidate is ``Candidate.as_dict()`` (or a judge's form of
+    it); its ``key`` is the record's candidate_key. Checked once, here: the names and keys are
+    strings, shape/candidate/versions/verdict mappings (kept as plain dicts, stored as JSON with
+    sorted keys), the round a whole number from 0, the status one of STATUSES, the times numbers
+    (wall_ms: the host's view of the whole job, agent_ms: the agent command's alone), and the samples
+    a one-dimensional sequence of whole nanoseconds, kept as a read-only int64 array. Whether those
+    are usable timings is for the reader (``RecordRow``, ``samples_problem``): a failed job's samples
+    are stored as they came."""
+
+    run_id: str
+    workload_key: str
+    shape: Mapping[str, Any]  # the bound dims, e.g. {"batch": 4}; an operator's {"op": spec}
+    shape_key: str
+    fingerprint_key: str
+    candidate: Mapping[str, Any]
+    versions: Mapping[str, Any]
+    round: int
+    status: str
+    reason: str
+    verdict: Mapping[str, Any]
+    samples_ns: np.ndarray
+    wall_ms: float
+    agent_ms: float
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "workload_key", "shape_key", "fingerprint_key", "reason"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Record.{name} is a str, not {type(getattr(self, name)).__name__}")
+        for name in ("shape", "candidate", "versions", "verdict"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping):
+                raise TypeError(f"Record.{name} is a mapping, not {type(value).__name__}")
+            object.__setattr__(self, name, dict(value))
+        key = self.candidate.get("key")
+        if not isinstance(key, str) or not key:
+            raise ValueError("Record.candidate has no key (a Candidate.as_dict() has one)")
+        if isinstance(self.round, bool) or not isinstance(self.round, numbers.Integral) or self.round < 0:
+            raise ValueError(f"Record.round is a whole number from 0, not {self.round!r}")
+        object.__setattr__(self, "round", operator.index(self.round))
+        if self.status not in STATUSES:
+            raise ValueError(f"Record.status is one of {', '.join(STATUSES)}, not {self.status!r}")
+        for name in ("wall_ms", "agent_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+                raise ValueError(f"Record.{name} is a number of milliseconds, not {value!r}")
+            object.__setattr__(self, name, float(value))
+        samples = np.array(self.samples_ns, dtype=SAMPLE_DTYPE)
+        if samples.ndim != 1:
+            raise ValueError(f"Record.samples_ns is a sequence of nanoseconds, not an array of shape {samples.shape}")
+        samples.setflags(write=False)
+        object.__setattr__(self, "samples_ns", samples)
+
+    @property
+    def candidate_key(self) -> str:
+        return self.candidate["key"]
 
 
 @dataclass(frozen=True)
@@ -54,25 +121,27 @@ class RecordRow:
 class Records(Leases):
     """Writing and reading the store's records (under the leases: only a holder writes)."""
 
-    def add_record(self, *, run_id: str, workload_key: str, shape: dict, shape_key: str, fingerprint_key: str,
-                   candidate: dict, versions: dict, round: int, status: str, reason: str, verdict: dict,
-                   samples_ns, wall_ms: float, agent_ms: float) -> int:
+    def add_record(self, record: Record) -> int:
         """Store one job's record; returns its id. A record already stored under the same (run,
         shape, candidate, round) is kept and its id returned (records are append-only). Refused
         (LeaseLost) when another process holds the run now."""
-        blob = encode(samples_ns)
+        if not isinstance(record, Record):
+            raise TypeError(f"add_record takes a Record, not {type(record).__name__}")
+        r = record
+        blob = encode(r.samples_ns)
         with self._write() as c:
-            self._check_writer(c, run_id, shape_key)
+            self._check_writer(c, r.run_id, r.shape_key)
             cur = c.execute(
                 _INSERT + " RETURNING id",
-                (run_id, workload_key, json.dumps(shape, sort_keys=True), shape_key, fingerprint_key,
-                 candidate["key"], json.dumps(candidate, sort_keys=True), json.dumps(versions, sort_keys=True),
-                 round, status, reason, json.dumps(verdict, sort_keys=True), blob, wall_ms, agent_ms, time.time()))
+                (r.run_id, r.workload_key, json.dumps(r.shape, sort_keys=True), r.shape_key, r.fingerprint_key,
+                 r.candidate_key, json.dumps(r.candidate, sort_keys=True), json.dumps(r.versions, sort_keys=True),
+                 r.round, r.status, r.reason, json.dumps(r.verdict, sort_keys=True), blob, r.wall_ms, r.agent_ms,
+                 time.time()))
             new = cur.fetchone()
             if new is not None:
                 return int(new[0])
             return int(c.execute("SELECT id FROM records WHERE run_id=? AND shape_key=? AND candidate_key=?"
-                                 " AND round=?", (run_id, shape_key, candidate["key"], round)).fetchone()[0])
+                                 " AND round=?", (r.run_id, r.shape_key, r.candidate_key, r.round)).fetchone()[0])
 
     def records(self, run_id: str | None = None, workload_key: str | None = None,
                 fingerprint_key: str | None = None, candidate_key: str | None = None) -> list[RecordRow]:

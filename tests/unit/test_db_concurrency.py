@@ -23,7 +23,7 @@ import pytest
 from edgetune import db as dbmod
 from edgetune.db import leases as leasemod
 from edgetune.candidate import Candidate
-from edgetune.db import SCHEMA_VERSION, Owner, Store
+from edgetune.db import SCHEMA_VERSION, Owner, Record, Store
 from tests.fixtures.leases import hold_device
 from tests.fixtures.tiny import build_tiny
 from edgetune.devices.inventory import Inventory
@@ -49,10 +49,10 @@ def _start(store: Store, run_id: str, **kw) -> bool:
 
 
 def _record(store: Store, run_id: str, cand: Candidate, rnd: int, samples, status: str = "verified") -> int:
-    return store.add_record(run_id=run_id, workload_key="w", shape={"batch": 1}, shape_key="batch=1",
-                            fingerprint_key="fp", candidate=cand.as_dict(), versions={}, round=rnd, status=status,
-                            reason="" if status == "verified" else "wrong", verdict={"max_rel_err": 0.0},
-                            samples_ns=samples, wall_ms=1.0, agent_ms=1.0)
+    return store.add_record(Record(run_id=run_id, workload_key="w", shape={"batch": 1}, shape_key="batch=1",
+                                   fingerprint_key="fp", candidate=cand.as_dict(), versions={}, round=rnd,
+                                   status=status, reason="" if status == "verified" else "wrong",
+                                   verdict={"max_rel_err": 0.0}, samples_ns=samples, wall_ms=1.0, agent_ms=1.0))
 
 
 # ---- schema: created and migrated atomically ------------------------------------------------------
@@ -60,15 +60,15 @@ def _record(store: Store, run_id: str, cand: Candidate, rnd: int, samples, statu
 CREATOR = r"""
 import sys
 from edgetune.candidate import Candidate
-from edgetune.db import Store
+from edgetune.db import Record, Store
 print("ready", flush=True)
 sys.stdin.readline()  # go: every process opens the fresh database at once
 s = Store(sys.argv[1])
 run = "r" + sys.argv[2]
 s.start_run(run, "m.onnx", "0" * 64, "local", "fp", {}, {}, {})
-s.add_record(run_id=run, workload_key="w", shape={}, shape_key="s", fingerprint_key="fp",
-             candidate=Candidate.make("ort", {}, baseline=True).as_dict(), versions={}, round=0, status="verified",
-             reason="", verdict={}, samples_ns=[1000, 1100], wall_ms=1.0, agent_ms=1.0)
+s.add_record(Record(run_id=run, workload_key="w", shape={}, shape_key="s", fingerprint_key="fp",
+                    candidate=Candidate.make("ort", {}, baseline=True).as_dict(), versions={}, round=0,
+                    status="verified", reason="", verdict={}, samples_ns=[1000, 1100], wall_ms=1.0, agent_ms=1.0))
 s.finish_run(run, {})
 s.close()
 print("ok", flush=True)
@@ -483,9 +483,9 @@ def test_device_leases_on_sqlite(tmp_path):
 
 
 def _shape_rec(st, run_id, shape_key, cand="c"):
-    return st.add_record(run_id=run_id, workload_key="w", shape={}, shape_key=shape_key, fingerprint_key="fk",
-                         candidate={"key": cand}, versions={}, round=0, status="verified", reason="", verdict={},
-                         samples_ns=[5, 6], wall_ms=1.0, agent_ms=1.0)
+    return st.add_record(Record(run_id=run_id, workload_key="w", shape={}, shape_key=shape_key, fingerprint_key="fk",
+                                candidate={"key": cand}, versions={}, round=0, status="verified", reason="",
+                                verdict={}, samples_ns=[5, 6], wall_ms=1.0, agent_ms=1.0))
 
 
 def test_shape_points_are_claimed_once_and_a_gone_claimers_point_is_claimed_again(tmp_path, monkeypatch):

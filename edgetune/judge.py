@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from edgetune.candidate import Candidate
+from edgetune.db import Record, Store
 from edgetune.errors import DeviceError, EdgetuneError, UserInputError
 
 JudgeEvent = Callable[[dict[str, Any]], None]
@@ -274,7 +275,6 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
 
 def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emit) -> tuple[dict, list[Judged]]:
     from edgetune import __version__
-    from edgetune.db import Store
     from edgetune.kernels.device_measure import DeviceMeasure
     from edgetune.kernels.session import (BaselineDevice, Entrant, _baseline_device, _close_python_agent,
                                           _run_form, baseline_forms, final_rounds, final_weights, record_form,
@@ -386,13 +386,14 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                 code = None if ok else reason.split(":", 1)[0]
                 res.checks.append({"spec": odd.spec(), "round": 0, "ok": ok, "code": code, "reason": reason,
                                    "max_abs_err": mabs, "max_rel_err": mrel})
-                store.add_record(run_id=run_id, workload_key=odd.key(), shape={"op": odd.spec()},
-                                 shape_key=hashlib.sha256(odd.key().encode()).hexdigest()[:16],
-                                 fingerprint_key=fp_key, candidate=candidate(k), versions=versions, round=0,
-                                 status="verified" if ok else "failed", reason=reason,
-                                 verdict={"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel,
-                                          "check": "odd shape", "build": res.build, "sandbox": res.sandbox},
-                                 samples_ns=run.samples_ns, wall_ms=jr.wall_ms, agent_ms=jr.agent_ms)
+                store.add_record(Record(
+                    run_id=run_id, workload_key=odd.key(), shape={"op": odd.spec()},
+                    shape_key=hashlib.sha256(odd.key().encode()).hexdigest()[:16],
+                    fingerprint_key=fp_key, candidate=candidate(k), versions=versions, round=0,
+                    status="verified" if ok else "failed", reason=reason,
+                    verdict={"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel,
+                             "check": "odd shape", "build": res.build, "sandbox": res.sandbox},
+                    samples_ns=run.samples_ns, wall_ms=jr.wall_ms, agent_ms=jr.agent_ms))
                 if not ok:
                     res.fail(code, f"at {odd.spec()}: {reason}")
                     emit({"event": "failed", "device": spec.name, "kernel": k.name, "code": code})
@@ -423,12 +424,12 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                 if not ok:
                     res.fail(code, f"round {rnd}: {reason}")
                     emit({"event": "failed", "device": spec.name, "kernel": who.key, "code": code})
-                store.add_record(**common, candidate=candidate(kfile[who.key]), versions=versions, round=rnd,
-                                 status="verified" if ok else "failed", reason=reason,
-                                 verdict={**verdict, "load_ms": run.load_ms, "build": res.build,
-                                          "sandbox": res.sandbox, "handshake_ns": res.handshake_ns},
-                                 samples_ns=run.samples_ns, wall_ms=jr.wall_ms if jr else wall_ms,
-                                 agent_ms=jr.agent_ms if jr else wall_ms)
+                store.add_record(Record(**common, candidate=candidate(kfile[who.key]), versions=versions, round=rnd,
+                                        status="verified" if ok else "failed", reason=reason,
+                                        verdict={**verdict, "load_ms": run.load_ms, "build": res.build,
+                                                 "sandbox": res.sandbox, "handshake_ns": res.handshake_ns},
+                                        samples_ns=run.samples_ns, wall_ms=jr.wall_ms if jr else wall_ms,
+                                        agent_ms=jr.agent_ms if jr else wall_ms))
                 return
             record_form(store, common, versions, who.form, rnd, ok, reason, verdict, jr)
 
@@ -554,13 +555,14 @@ def _sanitize(cfg: JudgeConfig, spec, measure, store, common, versions, kernels,
             res.checks.append(san.as_check(f, tool, view.spec()))
             c0 = candidate(k)  # a record of its own: not the odd-shape check's (same shape, same round)
             cand = Candidate.make(c0["backend"], {**c0["params"], "check": f"compute-sanitizer {tool}"}).as_dict()
-            store.add_record(run_id=common["run_id"], workload_key=view.key(), shape={"op": view.spec()},
-                             shape_key=shape_key, fingerprint_key=common["fingerprint_key"], candidate=cand,
-                             versions=versions, round=0,
-                             status="failed" if f.ok is False else "checked" if f.ok else "unchecked",
-                             reason=f.detail, verdict={"ok": f.ok, "reason": f.detail, "check": f"compute-sanitizer {tool}",
-                                                       "errors": f.errors},
-                             samples_ns=[], wall_ms=jr.wall_ms, agent_ms=jr.agent_ms)
+            store.add_record(Record(
+                run_id=common["run_id"], workload_key=view.key(), shape={"op": view.spec()},
+                shape_key=shape_key, fingerprint_key=common["fingerprint_key"], candidate=cand,
+                versions=versions, round=0,
+                status="failed" if f.ok is False else "checked" if f.ok else "unchecked",
+                reason=f.detail, verdict={"ok": f.ok, "reason": f.detail, "check": f"compute-sanitizer {tool}",
+                                          "errors": f.errors},
+                samples_ns=[], wall_ms=jr.wall_ms, agent_ms=jr.agent_ms))
             if f.ok is False:
                 res.fail(f.code, f.detail)
                 emit({"event": "failed", "device": spec.name, "kernel": k.name, "code": f.code})

@@ -27,7 +27,7 @@ import edgetune
 from edgetune.accuracy import AccuracyBudget
 from edgetune.agent.host import MAX_PROCS, MEMORY_MB, AgentClient, AgentInfo, Job, JobResult
 from edgetune.candidate import Candidate
-from edgetune.db import WAIT_POLL_S, LeaseLost, Store
+from edgetune.db import WAIT_POLL_S, LeaseLost, Record, Store
 from edgetune.devices.inventory import DeviceSpec, Inventory, device_identity, edgetune_home, home_subdir
 from edgetune.errors import AuthError, DeviceError, EdgetuneError, HostKeyMismatch, StoreError, UserInputError
 from edgetune.hostwork import HostWork
@@ -361,16 +361,15 @@ class DeviceTuner:
                 own = sum(res.samples_ns) / 1e6
                 self.overhead_ms.append(max(0.0, wall - own))
             status = "verified" if verdict.ok else "failed"
-            rec = dict(run_id=run_id, workload_key=job_wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
-                       fingerprint_key=info.fingerprint_key, candidate=cand.as_dict(),
-                       versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
-                       reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state,
-                                                       "measured_on": self.device_id, "fresh_seed": res.fresh_seed,
-                                                       "load_ms": res.load_ms, **tags,
-                                                       **({"placement": res.placement} if res.placement else {})},
-                       samples_ns=res.samples_ns, wall_ms=wall,
-                       agent_ms=res.agent_ms)
-            self.store.add_record(**rec)
+            self.store.add_record(Record(
+                run_id=run_id, workload_key=job_wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
+                fingerprint_key=info.fingerprint_key, candidate=cand.as_dict(),
+                versions={**versions, "job_runtime": res.runtime_versions}, round=rnd, status=status,
+                reason=verdict.reason, verdict={**verdict.as_dict(), "device_state": res.device_state,
+                                                "measured_on": self.device_id, "fresh_seed": res.fresh_seed,
+                                                "load_ms": res.load_ms, **tags,
+                                                **({"placement": res.placement} if res.placement else {})},
+                samples_ns=res.samples_ns, wall_ms=wall, agent_ms=res.agent_ms))
             self.jobs_run += 1
             existing[(key, rnd)] = None  # type: ignore[assignment]
             med = float(np.median(res.samples_ns)) / 1e6 if res.samples_ns else None

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from edgetune.candidate import Candidate
+from edgetune.db import Record, Store
 from edgetune.kernels.measurement import verify_run
 from edgetune.errors import DeviceError, UserInputError
 from edgetune.kernels.workloads import TensorSpec
@@ -895,7 +896,6 @@ def _verify_run(run, workload, inputs, reference, *, peak_gflops=None, timings_t
 
 def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) -> KernelSessionOutcome:
     from edgetune import __version__
-    from edgetune.db import Store
     from edgetune.devices.inventory import Inventory, device_identity, edgetune_home
     from edgetune.kernels.device_measure import DeviceMeasure, device_kernel_target
     from edgetune.kernels.search import tune_workload
@@ -1114,10 +1114,10 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
     kcand = Candidate.make("tvm-kernel", {"workload": name, "target": json.dumps(target, sort_keys=True),
                                           "kernel_sha256": kernel_sha, "num_threads": kmeasure.num_threads})
     if not out.verified:
-        store.add_record(**common, candidate=kcand.as_dict(), versions=versions, round=1, status="failed",
-                         reason=out.reason or "no verified kernel", verdict={"ok": False, "reason": out.reason,
-                                                                             **tuning_info},
-                         samples_ns=[], wall_ms=out.tuning_seconds * 1e3, agent_ms=0.0)
+        store.add_record(Record(**common, candidate=kcand.as_dict(), versions=versions, round=1, status="failed",
+                                reason=out.reason or "no verified kernel",
+                                verdict={"ok": False, "reason": out.reason, **tuning_info},
+                                samples_ns=[], wall_ms=out.tuning_seconds * 1e3, agent_ms=0.0))
         return res
 
     weights = final_weights(w)
@@ -1131,10 +1131,10 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
     def record(who, rnd, ok, reason, mabs, mrel, run, jr, wall_ms):
         verdict = {"ok": ok, "reason": reason, "max_abs_err": mabs, "max_rel_err": mrel}
         if who.form is None:
-            store.add_record(**common, candidate=kcand.as_dict(), versions=versions, round=rnd,
-                             status="verified" if ok else "failed", reason=reason,
-                             verdict={**verdict, "load_ms": run.load_ms, **kernel_info},
-                             samples_ns=run.samples_ns, wall_ms=wall_ms, agent_ms=wall_ms)
+            store.add_record(Record(**common, candidate=kcand.as_dict(), versions=versions, round=rnd,
+                                    status="verified" if ok else "failed", reason=reason,
+                                    verdict={**verdict, "load_ms": run.load_ms, **kernel_info},
+                                    samples_ns=run.samples_ns, wall_ms=wall_ms, agent_ms=wall_ms))
             return
         record_form(store, common, versions, who.form, rnd, ok, reason, verdict, jr,
                     weights_sha256=_weights_sha(weights))
@@ -1169,13 +1169,13 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
 def record_form(store, common: Mapping[str, Any], versions: Mapping[str, Any], form: "BaselineForm", rnd: int,
                 ok: bool, reason: str, verdict: Mapping[str, Any], jr, **extra: Any) -> None:
     """Store one baseline form's run of a final round (``jr``: its JobResult, or None)."""
-    store.add_record(**common, candidate=form.candidate.as_dict(),
-                     versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
-                     round=rnd, status="verified" if ok else "failed", reason=reason,
-                     verdict={**verdict, "load_ms": jr.load_ms if jr else None, "form": form.key,
-                              "label": form.label, **extra},
-                     samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
-                     agent_ms=jr.agent_ms if jr else 0.0)
+    store.add_record(Record(**common, candidate=form.candidate.as_dict(),
+                            versions={**versions, "job_runtime": jr.runtime_versions if jr else {}},
+                            round=rnd, status="verified" if ok else "failed", reason=reason,
+                            verdict={**verdict, "load_ms": jr.load_ms if jr else None, "form": form.key,
+                                     "label": form.label, **extra},
+                            samples_ns=jr.samples_ns if jr else [], wall_ms=jr.wall_ms if jr else 0.0,
+                            agent_ms=jr.agent_ms if jr else 0.0))
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from edgetune import db as dbmod
-from edgetune.db import Store
+from edgetune.db import Record, Store
 from edgetune.errors import StoreError
 from tests.fixtures.leases import hold_device
 from tests.fixtures.tiny import build_tiny
@@ -36,9 +36,10 @@ def run(args, home, env=None, timeout=300):
 
 
 def _rec(st, run_id, cand, round=0, samples=(5, 6, 7)):
-    return st.add_record(run_id=run_id, workload_key="w", shape={"batch": 1}, shape_key="x=1x16", fingerprint_key="fk",
-                         candidate={"key": cand}, versions={}, round=round, status="verified", reason="", verdict={},
-                         samples_ns=list(samples), wall_ms=1.0, agent_ms=1.0)
+    return st.add_record(Record(run_id=run_id, workload_key="w", shape={"batch": 1}, shape_key="x=1x16",
+                                fingerprint_key="fk", candidate={"key": cand}, versions={}, round=round,
+                                status="verified", reason="", verdict={}, samples_ns=list(samples), wall_ms=1.0,
+                                agent_ms=1.0))
 
 
 def test_store_semantics_on_postgresql(pg_url):

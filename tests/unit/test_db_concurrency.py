@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from edgetune import db as dbmod
+from edgetune.db import leases as leasemod
 from edgetune.candidate import Candidate
-from edgetune.db import SCHEMA_VERSION, Owner, Store
+from edgetune.db import SCHEMA_VERSION, Owner, Record, Store
 from tests.fixtures.leases import hold_device
 from tests.fixtures.tiny import build_tiny
 from edgetune.devices.inventory import Inventory
@@ -48,10 +49,10 @@ def _start(store: Store, run_id: str, **kw) -> bool:
 
 
 def _record(store: Store, run_id: str, cand: Candidate, rnd: int, samples, status: str = "verified") -> int:
-    return store.add_record(run_id=run_id, workload_key="w", shape={"batch": 1}, shape_key="batch=1",
-                            fingerprint_key="fp", candidate=cand.as_dict(), versions={}, round=rnd, status=status,
-                            reason="" if status == "verified" else "wrong", verdict={"max_rel_err": 0.0},
-                            samples_ns=samples, wall_ms=1.0, agent_ms=1.0)
+    return store.add_record(Record(run_id=run_id, workload_key="w", shape={"batch": 1}, shape_key="batch=1",
+                                   fingerprint_key="fp", candidate=cand.as_dict(), versions={}, round=rnd,
+                                   status=status, reason="" if status == "verified" else "wrong",
+                                   verdict={"max_rel_err": 0.0}, samples_ns=samples, wall_ms=1.0, agent_ms=1.0))
 
 
 # ---- schema: created and migrated atomically ------------------------------------------------------
@@ -59,15 +60,15 @@ def _record(store: Store, run_id: str, cand: Candidate, rnd: int, samples, statu
 CREATOR = r"""
 import sys
 from edgetune.candidate import Candidate
-from edgetune.db import Store
+from edgetune.db import Record, Store
 print("ready", flush=True)
 sys.stdin.readline()  # go: every process opens the fresh database at once
 s = Store(sys.argv[1])
 run = "r" + sys.argv[2]
 s.start_run(run, "m.onnx", "0" * 64, "local", "fp", {}, {}, {})
-s.add_record(run_id=run, workload_key="w", shape={}, shape_key="s", fingerprint_key="fp",
-             candidate=Candidate.make("ort", {}, baseline=True).as_dict(), versions={}, round=0, status="verified",
-             reason="", verdict={}, samples_ns=[1000, 1100], wall_ms=1.0, agent_ms=1.0)
+s.add_record(Record(run_id=run, workload_key="w", shape={}, shape_key="s", fingerprint_key="fp",
+                    candidate=Candidate.make("ort", {}, baseline=True).as_dict(), versions={}, round=0,
+                    status="verified", reason="", verdict={}, samples_ns=[1000, 1100], wall_ms=1.0, agent_ms=1.0))
 s.finish_run(run, {})
 s.close()
 print("ok", flush=True)
@@ -202,7 +203,7 @@ def test_a_held_run_is_waited_for_then_resumed(tmp_path):
     holder = _holder(tmp_path, db, "r")
     store = Store(db)
     run = store.get_run("r")
-    assert run["status"] == "running" and run["holder"] == f"pid {holder.pid} on {dbmod._HOST}"
+    assert run["status"] == "running" and run["holder"] == f"pid {holder.pid} on {leasemod._HOST}"
     waits: list[str] = []
 
     def on_wait(who: str) -> None:  # called once the wait has begun: now let the holder finish
@@ -211,7 +212,7 @@ def test_a_held_run_is_waited_for_then_resumed(tmp_path):
         holder.stdin.flush()
 
     assert _start(store, "r", on_wait=on_wait) is True  # resumed, after the holder gave it back
-    assert waits == [f"pid {holder.pid} on {dbmod._HOST}"]
+    assert waits == [f"pid {holder.pid} on {leasemod._HOST}"]
     assert holder.wait(timeout=60) == 0
     assert store.get_run("r")["status"] == "running" and store.get_run("r")["holder"]
     store.finish_run("r", {})
@@ -228,7 +229,7 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path, reap):
         holder.wait(timeout=60)
     else:  # killed but not yet reaped by its parent: a zombie still has its pid
         deadline = time.monotonic() + 60
-        while dbmod._proc_stat(holder.pid) is not None and dbmod._proc_stat(holder.pid)[0] != "Z":
+        while leasemod._proc_stat(holder.pid) is not None and leasemod._proc_stat(holder.pid)[0] != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
     try:
@@ -271,7 +272,7 @@ def test_a_holder_on_another_host_holds_until_its_lease_expires(tmp_path):
 
 
 def test_the_heartbeat_renews_and_close_gives_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(dbmod, "HEARTBEAT_S", 0.02)
+    monkeypatch.setattr(leasemod, "HEARTBEAT_S", 0.02)
     db = tmp_path / "t.db"
     store = Store(db)
     _start(store, "r")
@@ -482,9 +483,9 @@ def test_device_leases_on_sqlite(tmp_path):
 
 
 def _shape_rec(st, run_id, shape_key, cand="c"):
-    return st.add_record(run_id=run_id, workload_key="w", shape={}, shape_key=shape_key, fingerprint_key="fk",
-                         candidate={"key": cand}, versions={}, round=0, status="verified", reason="", verdict={},
-                         samples_ns=[5, 6], wall_ms=1.0, agent_ms=1.0)
+    return st.add_record(Record(run_id=run_id, workload_key="w", shape={}, shape_key=shape_key, fingerprint_key="fk",
+                                candidate={"key": cand}, versions={}, round=0, status="verified", reason="",
+                                verdict={}, samples_ns=[5, 6], wall_ms=1.0, agent_ms=1.0))
 
 
 def test_shape_points_are_claimed_once_and_a_gone_claimers_point_is_claimed_again(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ is recorded and never used — never that anything is faster (timings here are s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import importlib.util
@@ -155,8 +156,8 @@ class FakeStore:
     def __init__(self):
         self.records: list[dict] = []
 
-    def add_record(self, **kw):
-        self.records.append(kw)
+    def add_record(self, record):  # a Record, kept as its fields
+        self.records.append({f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
         return len(self.records)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetune.db import Store
+from edgetune.db import Record, Store
 from edgetune.devices.inventory import HOME_SUBDIRS, Inventory, home_subdir, private_home
 from edgetune.errors import StoreError, UserInputError
 from edgetune.private import NotPrivate
@@ -45,9 +45,9 @@ def assert_one_line_error(p: subprocess.CompletedProcess, needle: str) -> str:
 
 def _add_record(store: Store) -> None:
     store.start_run("r", "m.onnx", "0" * 64, "local", "fp", {}, {}, {})
-    store.add_record(run_id="r", workload_key="w", shape={}, shape_key="s", fingerprint_key="fp",
-                     candidate={"key": "k", "backend": "ort", "params": {}}, versions={}, round=0, status="verified",
-                     reason="", verdict={}, samples_ns=[1000], wall_ms=1.0, agent_ms=1.0)
+    store.add_record(Record(run_id="r", workload_key="w", shape={}, shape_key="s", fingerprint_key="fp",
+                            candidate={"key": "k", "backend": "ort", "params": {}}, versions={}, round=0,
+                            status="verified", reason="", verdict={}, samples_ns=[1000], wall_ms=1.0, agent_ms=1.0))
 
 
 def test_database_inventory_and_home_are_private(tmp_path):

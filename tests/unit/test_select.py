@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgetune.candidate import Candidate
-from edgetune.db import Store
+from edgetune.db import Record, Store
 from edgetune.measure import MIN_VERDICT_ROUNDS, round_ratio
 from edgetune.results import summarize_run
 from edgetune.select import (CONFIRM_BASE, confirm_seed, confirm_workload, is_confirmation, race_field, replay,
@@ -37,10 +37,10 @@ class _Store:
 
     def add(self, cand: Candidate, rnd: int, median_ms: float, status: str = "verified", reason: str = "") -> None:
         samples = (median_ms * 1e6 * self.rng.uniform(0.99, 1.01, 21)).astype(np.int64)
-        self.store.add_record(run_id="r", workload_key=f"w{rnd}", shape={"batch": 1}, shape_key="x=1x16",
-                              fingerprint_key="fp", candidate=cand.as_dict(), versions={}, round=rnd, status=status,
-                              reason=reason, verdict={"max_rel_err": 0.0}, samples_ns=samples, wall_ms=1.0,
-                              agent_ms=1.0)
+        self.store.add_record(Record(run_id="r", workload_key=f"w{rnd}", shape={"batch": 1}, shape_key="x=1x16",
+                                     fingerprint_key="fp", candidate=cand.as_dict(), versions={}, round=rnd,
+                                     status=status, reason=reason, verdict={"max_rel_err": 0.0}, samples_ns=samples,
+                                     wall_ms=1.0, agent_ms=1.0))
 
     def race(self, medians: dict[Candidate, float], rounds: int = 2) -> None:
         for rnd in range(rounds + 1):

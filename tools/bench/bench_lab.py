@@ -37,7 +37,7 @@ def host(url: str, host_id: str, devices: list[str], seconds: float, jobs: int, 
     import os
 
     os.environ["EDGETUNE_HOST"] = host_id
-    from edgetune.db import DeviceBusy, Store
+    from edgetune.db import DeviceBusy, Record, Store
 
     st = Store(url)
     lock = threading.Lock()
@@ -75,10 +75,11 @@ def host(url: str, host_id: str, devices: list[str], seconds: float, jobs: int, 
                 if time.monotonic() >= end:
                     break
                 time.sleep(job_ms / 1000)  # the device measuring
+                rec = Record(run_id=run_id, workload_key="w", shape={}, shape_key="s", fingerprint_key="fk-" + dev,
+                             candidate={"key": f"c{k}"}, versions={}, round=0, status="verified", reason="",
+                             verdict={}, samples_ns=samples, wall_ms=job_ms, agent_ms=job_ms)
                 t1 = time.perf_counter()
-                st.add_record(run_id=run_id, workload_key="w", shape={}, shape_key="s", fingerprint_key="fk-" + dev,
-                              candidate={"key": f"c{k}"}, versions={}, round=0, status="verified", reason="",
-                              verdict={}, samples_ns=samples, wall_ms=job_ms, agent_ms=job_ms)
+                st.add_record(rec)
                 add.append((time.perf_counter() - t1) * 1e3)
             st.finish_run(run_id, {})
             st.release_device(dev)

@@ -84,7 +84,8 @@ def test_the_bundle_runs_with_the_standard_library_alone(tmp_path):
 
 def test_the_modules_are_a_real_package():
     """Each module imports as what it is, with the standard library alone at import."""
-    mods = [PACKAGE + "." + rel[:-3].replace("/", ".").removesuffix(".__init__") for rel in ORDER if rel != "__init__.py"]
+    mods = [PACKAGE + "." + rel[:-3].replace("/", ".").removesuffix(".__init__")
+            for rel in ORDER if rel != "__init__.py"]
     code = ("import json, sys\n"
             f"sys.path.insert(0, {str(agent_package().parent)!r})\n"
             "import importlib\n"
@@ -106,7 +107,7 @@ def test_the_modules_are_a_real_package():
 @pytest.mark.parametrize("change, why", [
     (lambda d: (d / "extra.py").write_text("X = 1\n"), "not in ORDER"),
     (lambda d: (d / "fresh.py").unlink(), "missing"),
-    (lambda d: _append(d / "cgroups.py", "def fill_set(work, base):\n    pass\n"), "defines fill_set, as fresh.py does"),
+    (lambda d: _append(d / "cgroups.py", "def fill_set(w, b):\n    pass\n"), "defines fill_set, as fresh.py does"),
     (lambda d: _append(d / "fresh.py", "from .job import cmd_run\n"), "comes after it in ORDER"),
     (lambda d: _append(d / "job.py", "def late():\n    from .main import main\n    return main\n"), "inside a block"),
     (lambda d: _append(d / "job.py", "from .common import nothing_of_that_name\n"), "has no nothing_of_that_name"),

@@ -3,8 +3,9 @@
 
 The wheel is built from a copy of this checkout (its tracked and not-ignored files) one of whose
 Python agent's modules carries one extra comment line, so the agent the device ran (the one file
-bundled from those modules, edgetune/agent/bundle.py) can only have come from the wheel. It goes into a fresh virtualenv that sees the project's virtualenv's site-packages for its
-dependencies (a .pth file: never the repository), and its ``edgetune`` runs from outside the
+bundled from those modules, edgetune/agent/bundle.py) can only have come from the wheel. It goes
+into a fresh virtualenv that sees the project's virtualenv's site-packages for its dependencies (a
+.pth file: never the repository), and its ``edgetune`` runs from outside the
 repository: ``devices ls`` and a short tune of the bundled model.
 """
 
@@ -108,8 +109,9 @@ def test_wheel_carries_agents_and_provisions_a_device(tmp_path):
              "from edgetune.build import native\n"
              "from edgetune.kernels.targets import TARGETS_DIR, list_targets\n"
              "native.agent_version()\n"
-             "print(json.dumps({'files': [edgetune.__file__, models.__file__, str(agent_package()), str(native.AGENT_SRC),"
-             " str(TARGETS_DIR)], 'agent': str(python_agent()), 'targets': list_targets(), 'path': sys.path}))\n")
+             "print(json.dumps({'files': [edgetune.__file__, models.__file__, str(agent_package()),"
+             " str(native.AGENT_SRC), str(TARGETS_DIR)], 'agent': str(python_agent()), 'targets': list_targets(),"
+             " 'path': sys.path}))\n")
     seen = json.loads(_run([py, "-c", probe], 120, cwd=outside, env=env).stdout)
     assert all(Path(f).resolve().is_relative_to(venv.resolve()) and Path(f).exists() for f in seen["files"]), seen
     # the bundled agent is built outside the package (a wheel's site-packages need not be writable)

@@ -2,9 +2,9 @@
 
 LoadGen (``mlperf_loadgen``, the ``mlperf`` extra) issues the queries and times them; the system
 under test (SUT) runs onnxruntime in this process with exactly the candidate's session options,
-built by the Python agent's own ``OrtBackend`` (device_agents/python/edgetune_agent.py) from the
-candidate's params. LoadGen must issue and complete queries in the process that times them, so this
-runs on the local device only.
+built by the Python agent's own ``OrtBackend`` (device_agents/python/edgetune_agent/backends/ort.py,
+loaded from the agent's bundled file) from the candidate's params. LoadGen must issue and complete
+queries in the process that times them, so this runs on the local device only.
 
 The query sample library (QSL) holds ``samples`` seeded input sets (edgetune's seeded inputs at the
 model's bound dims). Every completed query's outputs may be checked: a uniform random subset of
@@ -54,9 +54,9 @@ def _mlperf_loadgen():
 
 def _agent_backend():
     """The Python agent's OrtBackend: the one mapping from a candidate's params to SessionOptions."""
-    from edgetune.agent.host import PYTHON_AGENT
+    from edgetune.agent.bundle import python_agent
 
-    spec = importlib.util.spec_from_file_location("edgetune_agent_for_loadgen", PYTHON_AGENT)
+    spec = importlib.util.spec_from_file_location("edgetune_agent_for_loadgen", python_agent())
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.OrtBackend

@@ -8,6 +8,7 @@ says), so an installed edgetune provisions devices with no checkout anywhere.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # the repository's directory -> its place inside the package of a wheel (tools/wheel_data.py reads this)
@@ -24,10 +25,20 @@ def shipped_dir(repo_dir: str) -> Path:
 
 
 def agents_dir() -> Path:
-    """The device agents: ``python/edgetune_agent.py``, ``native/`` (C sources), ``PROTOCOL.md``."""
+    """The device agents: ``python/edgetune_agent/`` (the Python agent's modules, which
+    edgetune/agent/bundle.py makes the one file a device runs), ``native/`` (C sources), ``PROTOCOL.md``."""
     return shipped_dir("device_agents")
 
 
 def targets_dir() -> Path:
     """The target files, one TOML per target kind."""
     return shipped_dir("targets")
+
+
+def cache_root() -> Path:
+    """Where edgetune keeps what it builds from these files (the native agent's binaries, the Python
+    agent's bundled file): ``$EDGETUNE_CACHE``, else ``$XDG_CACHE_HOME/edgetune`` (~/.cache/edgetune).
+    Outside the package: a wheel's site-packages may not be writable."""
+    base = os.environ.get("EDGETUNE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgetune")
+    return Path(base)

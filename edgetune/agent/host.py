@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from edgetune.agent import validate
+from edgetune.agent.bundle import python_agent
 from edgetune.agent.validate import BUNDLE_MAGIC, Invalid, parse_bundle  # noqa: F401 - re-exported
 from edgetune.build.native import build_agent
 from edgetune.devices.base import Completed, Transport
@@ -32,7 +33,6 @@ from edgetune.devices.inventory import DeviceSpec, edgetune_home, fingerprint_ke
 from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
 from edgetune.private import private_dir
-from edgetune.shipped import agents_dir
 from edgetune.text import device_text
 from edgetune.workload import external_data_files
 
@@ -40,7 +40,6 @@ PROTOCOL = 3
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
 CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
 PROBE_PAIRS = 16  # TEST04 probe: at most this many repeated-input / new-input pairs (at least 8)
-PYTHON_AGENT = agents_dir() / "python" / "edgetune_agent.py"
 
 
 # bounds a candidate runs under on the device (the agent's supervisor enforces them; PROTOCOL.md)
@@ -321,7 +320,8 @@ class AgentClient:
 
     def _provision_python(self, py: str) -> list[str]:
         remote = f"{self.workdir}/agent/edgetune_agent.py"
-        self._install_agent_file(PYTHON_AGENT, remote)
+        # one file, bundled from the agent's modules (its sha256 is checked before every job)
+        self._install_agent_file(python_agent(), remote)
         # -S: no site-packages at start-up (~50 ms of .pth files): a job the agent's zygote serves
         # needs none, and the agent adds them itself for everything else
         return [py, "-S", remote]

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from edgetune.hashing import sha256_file  # noqa: F401  (re-exported)
 from edgetune.errors import ToolchainError
-from edgetune.shipped import agents_dir
+from edgetune.shipped import agents_dir, cache_root
 
 AGENT_SRC = agents_dir() / "native"
 SOURCES = ("agent.c", "fingerprint.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c",
@@ -69,9 +69,7 @@ class Toolchain:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("EDGETUNE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "edgetune")
-    return Path(base) / "native-agent"
+    return cache_root() / "native-agent"
 
 
 def _which(name: str) -> str | None:

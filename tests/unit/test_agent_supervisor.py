@@ -31,11 +31,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgetune.agent.bundle import python_agent
 from edgetune.build import native
 from tests.conformance import suite
 from tests.conftest import require
 
-PYTHON_AGENT = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
+PYTHON_AGENT = python_agent()  # the one file a device runs, bundled from device_agents/python/edgetune_agent/
 MAGIC = b"EDGETUNE-BUNDLE 1\n"
 AARCH64 = "aarch64-linux-gnu"
 QEMU = shutil.which("qemu-aarch64")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgetune.agent.bundle import python_agent
 from edgetune.agent.host import AgentInfo
 from edgetune.cli.devices import gpu_text
 from edgetune.space import APPROXIMATE_SPACES, load_space, space_of, with_approximate
@@ -23,7 +24,7 @@ from edgetune.space.ort_gpu import GPU_PROVIDERS
 from edgetune.workload import build_workload, compute_reference, load_model
 from tests.fixtures.tiny import build_tiny
 
-AGENT = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
+AGENT = python_agent()  # the one file a device runs, bundled from device_agents/python/edgetune_agent/
 
 
 @pytest.fixture(scope="module")

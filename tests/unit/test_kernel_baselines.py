@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import require_module
 
+from edgetune.agent.bundle import python_agent  # noqa: E402
 from edgetune.kernels import session as S  # noqa: E402
 from edgetune.kernels.search import KernelRun  # noqa: E402
 from edgetune.kernels.workloads import parse_workload  # noqa: E402
@@ -52,7 +53,7 @@ def _key_of(job) -> str:
     return "numpy" if job.backend == "adapter" else "tflite"
 
 
-AGENT = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
+AGENT = python_agent()  # the one file a device runs, bundled from device_agents/python/edgetune_agent/
 
 
 def _agent_module(workdir: Path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from edgetune.accuracy import AccuracyBudget
+from edgetune.agent.bundle import python_agent
 from edgetune.agent.host import AgentClient
 from edgetune.candidate import Candidate
 from edgetune.devices.inventory import Inventory
@@ -135,7 +136,6 @@ def test_nothing_imports_openvinos_telemetry(tmp_path, tiny_model):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     marker = tmp_path / "telemetry-loaded"
     fake = tmp_path / "site"
@@ -146,7 +146,7 @@ def test_nothing_imports_openvinos_telemetry(tmp_path, tiny_model):
     subprocess.run([sys.executable, "-c", "import openvino"], env=env, check=True)
     assert marker.exists()
     marker.unlink()
-    agent = Path(__file__).resolve().parents[2] / "device_agents" / "python" / "edgetune_agent.py"
+    agent = python_agent()
     out = subprocess.run([sys.executable, str(agent), "info"], env=env, capture_output=True, text=True, check=True)
     assert '"openvino"' in out.stdout and not marker.exists()
     code = ("import sys; from pathlib import Path; from edgetune.space.ort_rewrite import quantize_nncf; "

@@ -1,10 +1,11 @@
 """A wheel install of edgetune works on its own: it carries the device agents and target files
 (edgetune/shipped.py, tools/wheel_data.py) and provisions a device with them, no checkout in sight.
 
-The wheel is built from a copy of this checkout (its tracked and not-ignored files) whose Python
-agent carries one extra comment line, so the agent the device ran can only have come from the
-wheel. It goes into a fresh virtualenv that sees the project's virtualenv's site-packages for its
-dependencies (a .pth file: never the repository), and its ``edgetune`` runs from outside the
+The wheel is built from a copy of this checkout (its tracked and not-ignored files) one of whose
+Python agent's modules carries one extra comment line, so the agent the device ran (the one file
+bundled from those modules, edgetune/agent/bundle.py) can only have come from the wheel. It goes
+into a fresh virtualenv that sees the project's virtualenv's site-packages for its dependencies (a
+.pth file: never the repository), and its ``edgetune`` runs from outside the
 repository: ``devices ls`` and a short tune of the bundled model.
 """
 
@@ -21,10 +22,12 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from edgetune.agent.bundle import bundle
 from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT = "device_agents/python/edgetune_agent.py"
+AGENT = "device_agents/python/edgetune_agent"  # the Python agent's modules
+MARKED = AGENT + "/main.py"  # the one that gets the marker
 MARKER = b"\n# built for tests/unit/test_wheel_install.py: this copy exists only inside the wheel\n"
 
 
@@ -76,14 +79,18 @@ def test_wheel_carries_agents_and_provisions_a_device(tmp_path):
     for d in (src, whl_dir, outside, home):
         d.mkdir()
     names = _checkout_copy(src)
-    with open(src / AGENT, "ab") as f:
+    with open(src / MARKED, "ab") as f:
         f.write(MARKER)
     wheel = _build_wheel(src, whl_dir)
+    want_agent = bundle(src / AGENT)  # the one file a device gets, from the (marked) copy's modules
+    assert MARKER in want_agent
 
     # every file of the agents and targets (build outputs and dotfiles aside) is in the wheel, as shipped.py says
     with zipfile.ZipFile(wheel) as z:
         inside = set(z.namelist())
-        assert z.read("edgetune/_agents/python/edgetune_agent.py") == (src / AGENT).read_bytes()
+        z.extractall(tmp_path / "unzipped", [n for n in inside if n.startswith("edgetune/_agents/python/")])
+    # the wheel's modules make exactly that file
+    assert bundle(tmp_path / "unzipped" / "edgetune" / "_agents" / "python" / "edgetune_agent") == want_agent
     shipped = {"device_agents/": "edgetune/_agents/", "targets/": "edgetune/_targets/"}
     want = {shipped[top] + n[len(top):] for n in names for top in shipped
             if n.startswith(top) and not Path(n).name.startswith(".")}
@@ -98,14 +105,18 @@ def test_wheel_carries_agents_and_provisions_a_device(tmp_path):
 
     # the fresh venv's edgetune is the wheel's, and nothing it imports or reads is the repository's
     probe = ("import json, sys, edgetune, models\n"
-             "from edgetune.agent.host import PYTHON_AGENT\n"
+             "from edgetune.agent.bundle import agent_package, python_agent\n"
              "from edgetune.build import native\n"
              "from edgetune.kernels.targets import TARGETS_DIR, list_targets\n"
              "native.agent_version()\n"
-             "print(json.dumps({'files': [edgetune.__file__, models.__file__, str(PYTHON_AGENT), str(native.AGENT_SRC),"
-             " str(TARGETS_DIR)], 'targets': list_targets(), 'path': sys.path}))\n")
+             "print(json.dumps({'files': [edgetune.__file__, models.__file__, str(agent_package()),"
+             " str(native.AGENT_SRC), str(TARGETS_DIR)], 'agent': str(python_agent()), 'targets': list_targets(),"
+             " 'path': sys.path}))\n")
     seen = json.loads(_run([py, "-c", probe], 120, cwd=outside, env=env).stdout)
     assert all(Path(f).resolve().is_relative_to(venv.resolve()) and Path(f).exists() for f in seen["files"]), seen
+    # the bundled agent is built outside the package (a wheel's site-packages need not be writable)
+    agent = Path(seen["agent"])
+    assert agent.resolve().is_relative_to((tmp_path / "cache").resolve()) and agent.read_bytes() == want_agent, seen
     assert "host-x86_64" in seen["targets"]
     assert not [p for p in seen["path"] if p and Path(p).resolve().is_relative_to(REPO)
                 and not Path(p).resolve().is_relative_to(REPO / ".venv")], seen["path"]
@@ -124,7 +135,7 @@ def test_wheel_carries_agents_and_provisions_a_device(tmp_path):
         best = next(c for c in shape["candidates"] if c["candidate"]["key"] == shape["best"])
         assert best["status"] == "verified", best
 
-    # the agent the device ran is the wheel's copy: the repository's file (as copied) plus the marker
+    # the agent the device ran is bundled from the wheel's modules: the repository's (as copied) plus the marker
     pushed = home / "work" / "agent" / "edgetune_agent.py"
-    assert _sha256(pushed) == _sha256(src / AGENT)
-    assert pushed.read_bytes().endswith(MARKER)
+    assert _sha256(pushed) == hashlib.sha256(want_agent).hexdigest()
+    assert MARKER in pushed.read_bytes()

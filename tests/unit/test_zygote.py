@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgetune.agent.host import PYTHON_AGENT
+from edgetune.agent.bundle import python_agent
 from tests.conftest import require_module
 from tests.fixtures.tiny import build_tiny
 
@@ -33,7 +33,7 @@ def agent(tmp_path):
     """A private copy of the agent (its own zygote) and the tiny model; its zygote is stopped after."""
     a = tmp_path / "agent" / "edgetune_agent.py"
     a.parent.mkdir()
-    shutil.copyfile(PYTHON_AGENT, a)
+    shutil.copyfile(python_agent(), a)
     yield a
     for pid in zygotes(a):
         try:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from edgetune.agent.bundle import python_agent  # noqa: E402
 from edgetune.build.native import build_agent  # noqa: E402
 from tests.conformance import suite  # noqa: E402
 
@@ -40,7 +41,7 @@ def load(model_path, params):
 native_agent = str(build_agent(None))
 AGENTS = {
     "native": ([native_agent], {"backend": "tvm-kernel", "artifact": str(so), "params": {"num_threads": 1}}),
-    "python": ([sys.executable, str(REPO / "device_agents" / "python" / "edgetune_agent.py")],
+    "python": ([sys.executable, str(python_agent())],
                {"backend": "adapter", "artifact": str(adapter), "params": {}}),
 }
 

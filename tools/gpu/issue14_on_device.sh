@@ -29,7 +29,9 @@ cat "$OUT/machine.txt"
 # 0. what the Python agent finds of each GPU path there (edgetune devices check's table; seconds):
 #    onnxruntime's CUDA and TensorRT providers, PyTorch and TVM (the carried runtime) on CUDA
 site=; [ "$KSRC" != - ] && site="$KSRC/site"
-PYTHONPATH="$site" TVM_USE_RUNTIME_LIB=1 timeout 120 python3 device_agents/python/edgetune_agent.py gpu-check \
+#    (the agent's one file, bundled from device_agents/python/edgetune_agent/ as the host pushes it)
+agent=$(python3 -m edgetune.agent.bundle)
+PYTHONPATH="$site" TVM_USE_RUNTIME_LIB=1 timeout 120 python3 "$agent" gpu-check \
   > "$OUT/gpu-check.json" 2> "$OUT/gpu-check.err"
 echo "gpu-check: rc $?"; cat "$OUT/gpu-check.json"
 # 1. onnxruntime's GPU candidates through edgetune's agent (detection: the agent's info, nvidia-smi).

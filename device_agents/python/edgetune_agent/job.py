@@ -3,6 +3,7 @@ fresh inputs, the checked ones chosen after they ran, the TEST04 probe, the late
 the job's bounds as a request states them."""
 
 import errno
+import functools
 import json
 import os
 import time
@@ -60,6 +61,15 @@ class Reservoir:
 
 WARMUP_MIN_ITERS = 5  # warm-up iterations at least (2 for a model slower than the warm-up)
 WARMUP_KEEP = 4096  # the timed run is planned from the median of the first this many
+# The warm-up and the timed run are planned on the timer a candidate's own Python code could patch
+# (time.perf_counter_ns: an adapter can make every call seem to take a nanosecond): each also ends
+# past this much real time, read on CLOCK_MONOTONIC through a reference of the agent's own taken at
+# import, so a lying timer cannot make a job run 2 x max_iters calls and time out as "hung" on a busy
+# device instead of being caught by the host (impossible timings). An honest job spends
+# about its budget; the bound is 20 times that, at least 3 s (the timed run keeps min_iters calls).
+WALL_FACTOR = 20
+WALL_FLOOR_NS = 3_000_000_000
+_WALL_NS = functools.partial(time.clock_gettime_ns, time.CLOCK_MONOTONIC)
 
 
 class Fastest:
@@ -244,6 +254,7 @@ def run_job(jobdir, req):
         t = 0
         spent = 0
         times = []
+        wall_end = _WALL_NS() + max(WALL_FLOOR_NS, WALL_FACTOR * warmup_ns)
         while True:
             fill_fresh(work, input_sets, seed, t)
             stage(work)
@@ -255,7 +266,7 @@ def run_job(jobdir, req):
             if len(times) < WARMUP_KEEP:
                 times.append(took)
             t += 1
-            if t >= max_iters:  # bounded even if the clock is not to be trusted
+            if t >= max_iters or (t >= 2 and _WALL_NS() > wall_end):  # bounded even if the clock lies
                 break
             if spent >= warmup_ns and t >= 2 and (t >= WARMUP_MIN_ITERS or min(times) >= warmup_ns):
                 break
@@ -272,6 +283,8 @@ def run_job(jobdir, req):
         keep = Reservoir(n_checks)
         fastest = Fastest(n_fastest)
         run = backend.run
+        min_iters = max(1, int(req.get("min_iters", 3)))
+        wall_end = _WALL_NS() + max(WALL_FLOOR_NS, WALL_FACTOR * budget_ns)
         for j in range(n):
             fill_fresh(work, input_sets, seed, t)
             stage(work)
@@ -283,6 +296,9 @@ def run_job(jobdir, req):
             keep.offer(t, snap)
             fastest.offer(samples[j], t, snap)
             t += 1
+            if j + 1 >= min_iters and _WALL_NS() > wall_end:  # the plan rests on a clock that may lie
+                del samples[j + 1:]
+                break
         result["samples_ns"] = samples
         checks = []
         chosen = {k[0]: k for k in keep.kept}
@@ -325,7 +341,7 @@ def run_job(jobdir, req):
         live = getattr(backend, "live", None)
         if live is not None:
             snap = [np.array(a, copy=True) for a in live()]
-            time.sleep(max(0.05, 3 * float(sorted(samples)[n // 2]) / 1e9))
+            time.sleep(max(0.05, 3 * float(sorted(samples)[len(samples) // 2]) / 1e9))
             changed = [k for k, (a, b) in enumerate(zip(snap, live()))
                        if a.shape != np.shape(b) or not np.array_equal(a, np.asarray(b), equal_nan=True)]
             result["late_change"] = {"iter": t - 1, "outputs": changed} if changed else None

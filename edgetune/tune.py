@@ -137,8 +137,8 @@ def cap_candidates(cands: list[Candidate], n: int) -> list[Candidate]:
         if form(c) not in seen:
             seen.add(form(c))
             picked.append(c)
-    order = {c: i for i, c in enumerate(rest)}
-    return base + sorted(picked, key=order.__getitem__)
+    keep = set(picked)
+    return base + [c for c in rest if c in keep]  # the space's order
 
 
 def sequential_plan(cap: int) -> int:

@@ -275,7 +275,8 @@ def run_job(jobdir, req):
         est = sorted(times)[(len(times) - 1) // 2]
         budget_ns = float(req.get("budget_ms", 200.0)) * 1e6
         n = int(budget_ns // est) if est > 0 else 1
-        n = max(int(req.get("min_iters", 3)), min(int(req.get("max_iters", 100000)), n))
+        min_iters = max(1, int(req.get("min_iters", 3)))
+        n = max(min_iters, min(max_iters, n))
 
         # 3. timed iterations: every one on inputs the candidate has not seen, outputs poisoned
         #    before it; a random few (decided after they return) go back to the host to be verified
@@ -283,7 +284,6 @@ def run_job(jobdir, req):
         keep = Reservoir(n_checks)
         fastest = Fastest(n_fastest)
         run = backend.run
-        min_iters = max(1, int(req.get("min_iters", 3)))
         wall_end = _WALL_NS() + max(WALL_FLOOR_NS, WALL_FACTOR * budget_ns)
         for j in range(n):
             fill_fresh(work, input_sets, seed, t)

@@ -9,7 +9,7 @@ import time
 
 from .common import AGENT, AGENT_VERSION, PROTOCOL
 from .job import request_limits
-from .supervisor import LOG_NAME, LOG_TAIL, Supervisor
+from .supervisor import Supervisor, log_tail
 
 BUNDLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,123}\.npy$")  # the host's file-name rule, .npy only
 
@@ -143,13 +143,7 @@ def cmd_run_stdio(jobdir, data=None, client=None, started=None):
 
 def _relay_log(jobdir):
     """The tail of what the worker printed, on the agent's stderr (diagnostics only)."""
-    try:
-        with open(os.path.join(jobdir, LOG_NAME), "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - LOG_TAIL))
-            tail = f.read(LOG_TAIL)
-    except OSError:
-        return
+    tail = log_tail(jobdir)
     if tail:
         try:
             sys.stderr.buffer.write(tail if tail.endswith(b"\n") else tail + b"\n")

@@ -464,17 +464,23 @@ class Supervisor:
 _FAULT_FRAME = re.compile(r'^\s*File "([^"\n]{1,400})", line (\d+) in ([A-Za-z0-9_<>.]{1,80})\s*$')
 
 
-def crash_site(jobdir):
-    """Where a fatal signal struck the worker, from faulthandler's dump in its log (the innermost
-    Python frame of the crashing thread: "run (edgetune_agent.py:410)"), or None. The log is the
-    candidate's output: only a line of faulthandler's own form is taken, and only its file's name."""
+def log_tail(jobdir):
+    """The last LOG_TAIL bytes of what the worker printed (its log), or None when unreadable."""
     try:
         with open(os.path.join(jobdir, LOG_NAME), "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - LOG_TAIL))
-            lines = f.read(LOG_TAIL).decode("utf-8", "replace").splitlines()
+            return f.read(LOG_TAIL)
     except OSError:
         return None
+
+
+def crash_site(jobdir):
+    """Where a fatal signal struck the worker, from faulthandler's dump in its log (the innermost
+    Python frame of the crashing thread: "run (edgetune_agent.py:410)"), or None. The log is the
+    candidate's output: only a line of faulthandler's own form is taken, and only its file's name."""
+    tail = log_tail(jobdir)
+    lines = tail.decode("utf-8", "replace").splitlines() if tail else []
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("Current thread") and "most recent call first" in lines[i]:
             m = _FAULT_FRAME.match(lines[i + 1]) if i + 1 < len(lines) else None

@@ -65,7 +65,7 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
     from edgetune.accuracy import AccuracyBudget
     from edgetune.api import resolve_model
     from edgetune.cli.tables import family_tables, run_tables
-    from edgetune.report import markdown, report_dict, write_atomic
+    from edgetune.report import NOT_BUILT, markdown, report_dict, write_atomic
     from edgetune.report.html import render
     from edgetune.space import SPACES, with_approximate
     from edgetune.space.adapter import adapter_candidate
@@ -162,6 +162,9 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
             else:
                 console.print(plain(f"{d.device}: run {d.run_id} complete, {d.jobs_run} jobs run{note}"),
                               highlight=False)
+            # the families a user might pick that were not raced, and why: never silently left out
+            for name, why in [*d.families_not_run.items(), *NOT_BUILT.items()]:
+                console.print(plain(f"{d.device}: not raced: {name}: {why}"), highlight=False)
         if report_dir is not None:
             console.print(plain(f"report written to {report_dir}/report.md, report.json and report.html"),
                           highlight=False)

@@ -43,8 +43,14 @@ def _with_command(run: dict[str, Any]) -> dict[str, Any]:
     """A run with ``command``: the recorded command line that reproduces it, null when none was;
     each shape with the choice a user faces (``families``) and its verdict in words (``verdict``)."""
     shapes = [{**s, "families": families(s), "verdict": verdict_line(s)} for s in run.get("shapes", [])]
-    return {**run, "shapes": shapes, "command": recorded_command(run)}
+    return {**run, "shapes": shapes, "command": recorded_command(run), "families_not_built": dict(NOT_BUILT)}
 
+
+# runtime families a user might pick that edgetune does not build candidates for, with the reason:
+# every report says so for each model, so a family's absence is never mistaken for its defeat
+NOT_BUILT = {"ExecuTorch": "not built in edgetune: ExecuTorch runs .pte programs exported from a PyTorch "
+                           "model (torch.export), and edgetune tunes ONNX and .tflite models; no ONNX-to-PyTorch "
+                           "conversion is raced"}
 
 FAMILIES = {"ort": "onnxruntime", "openvino": "OpenVINO", "tflite": "LiteRT", "litert": "LiteRT", "tvm-relax": "TVM",
             "tvm-tuned": "TVM", "adapter": "adapter", "torch": "PyTorch"}
@@ -185,7 +191,9 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"- versions: {md_code(json.dumps(run['versions'], sort_keys=True))}",
                 f"- model sha256 {md_code(str(run['model_sha256'])[:16] + '…')}, run {md_code(run['run_id'])} "
                 f"({t(run['status'])})",
-                f"- command: {command_text(run)}", ""]
+                f"- command: {command_text(run)}"]
+        out += [f"- not raced: {t(name)}, {t(why)}" for name, why in sorted(run["families_not_built"].items())]
+        out.append("")
         on = [s.get("measured_on") or "" for s in run["shapes"]]
         several = len(set(",".join(on).split(","))) > 1
         for s in run["shapes"]:

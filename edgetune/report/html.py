@@ -123,7 +123,10 @@ def render(rep: dict[str, Any]) -> str:
                      f"<p class='meta'>fingerprint <code>{e(run['fingerprint_key'])}</code>: {e(fp.get('cpu_model'))}, "
                      f"{e(fp.get('cores'))} cores, {e(fp.get('arch', ''))}, kernel {e(fp.get('kernel'))}, "
                      f"{e(fp.get('os'))}{emu}<br>versions <code>{e(json.dumps(run['versions'], sort_keys=True))}</code>"
-                     f"<br>command {command_html(run)}, run <code>{e(run['run_id'])}</code></p>")
+                     f"<br>command {command_html(run)}, run <code>{e(run['run_id'])}</code>"
+                     + "".join(f"<br>not raced: {e(name)}, {e(why)}"
+                               for name, why in sorted(run.get("families_not_built", {}).items()))
+                     + "</p>")
         for s in run["shapes"]:
             shape = " ".join(f"{k}={v}" for k, v in s["shape"].items()) or s["shape_key"]
             fam = "".join(f"<tr class='{'best' if f['selected'] else ''}'><td>{e(f['family'])}</td><td>"

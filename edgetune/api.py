@@ -11,36 +11,20 @@ import hashlib
 import json
 import secrets
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from edgetune.accuracy import AccuracyBudget
 from edgetune.candidate import Candidate
 from edgetune.db import Store, device_lease
-from edgetune.devices.inventory import Inventory, device_identity, edgetune_home
+from edgetune.devices.inventory import Inventory, device_identity
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
 from edgetune.space import BuildFailed, space_of, with_approximate
-from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, _versions
+from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, run_versions
 from edgetune.tune import tune as _tune
-from edgetune.workload import build_workload, load_model, load_user_inputs, parse_dims, shape_points
-
-BUNDLED = ("mobilenet", "transformer")
-
-
-def resolve_model(name_or_path: str) -> str:
-    """A path, or the name of a bundled model (generated reproducibly on first use)."""
-    p = Path(name_or_path)
-    if p.exists() or name_or_path not in BUNDLED:
-        return name_or_path
-    import models
-
-    out = edgetune_home() / "models" / f"{name_or_path}.onnx"
-    if not out.exists():
-        models.build_onnx(name_or_path, out)
-    return str(out)
-
+from edgetune.workload import (build_workload, load_model, load_user_inputs, parse_dims, resolve_model,
+                               shape_points)
 
 def tune(model: str, devices: Sequence[str] = ("local",), *, budget_s: float = 60.0, sweeps: Sequence[str] = (),
          dims: Sequence[str] = (), inputs: Sequence[str] = (), db: str | None = None,
@@ -94,7 +78,7 @@ def bench(model: str, config_key: str, device: str = "local", *, dims: Sequence[
             cands.append((c, space_of(c)))
         points = shape_points(m, parse_dims(dims, m), {})
         run_id = "bench-" + hashlib.sha256(f"{m.sha256}{cand.key()}{time.time_ns()}".encode()).hexdigest()[:10]
-        versions = _versions(info)
+        versions = run_versions(info)
         store.acquire_device(device_identity(spec), run_id)  # one process drives a device at a time
         store.start_run(run_id, str(m.path), m.sha256, spec.name, info.fingerprint_key,
                         {**info.fingerprint, "arch": info.arch}, versions,

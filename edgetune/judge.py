@@ -276,8 +276,8 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
 def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emit) -> tuple[dict, list[Judged]]:
     from edgetune import __version__
     from edgetune.kernels.device_measure import DeviceMeasure
-    from edgetune.kernels.session import (BaselineDevice, Entrant, _baseline_device, _close_python_agent,
-                                          _run_form, baseline_forms, final_rounds, final_weights, record_form,
+    from edgetune.kernels.session import (BaselineDevice, Entrant, baseline_device, close_baseline_agent,
+                                          run_baseline_form, baseline_forms, final_rounds, final_weights, record_form,
                                           round_median, strongest_baseline)
     from edgetune.measure import round_ratio
     from edgetune.devices.inventory import device_identity
@@ -367,7 +367,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         by_name = {r.kernel: r for r in results}
         # 1. correctness at the odd-sized variant (shape-generic kernels only)
         if odd is not None:
-            from edgetune.kernels.session import _verify_run
+            from edgetune.kernels.session import check_kernel_run
 
             inputs = odd.random_inputs(7)
             reference = odd.reference(inputs)
@@ -381,7 +381,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                     continue
                 emit({"event": "check", "device": spec.name, "kernel": k.name, "spec": odd.spec()})
                 jr, run = run_kernel(k, odd, [x.copy() for x in inputs])
-                ok, reason, mabs, mrel = _verify_run(run, odd, inputs, reference, peak_gflops=kpeak(k),
+                ok, reason, mabs, mrel = check_kernel_run(run, odd, inputs, reference, peak_gflops=kpeak(k),
                                                      timings_trusted=not emulated)
                 code = None if ok else reason.split(":", 1)[0]
                 res.checks.append({"spec": odd.spec(), "round": 0, "ok": ok, "code": code, "reason": reason,
@@ -407,7 +407,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         # 2. the interleaved rounds: every kernel still standing and every baseline form
         standing = [k for k in kernels if k.name in built and by_name[k.name].failure is None]
         bcfg = _BaselineCfg(cfg.baseline, cfg.budget_ms, cfg.timeout_s)
-        bdev = _baseline_device(bcfg, spec, measure, info, [w])
+        bdev = baseline_device(bcfg, spec, measure, info, [w])
         weights = final_weights(w)
         workdir = Path(tempfile.mkdtemp(prefix="edgetune-judge-base-"))
         entrants = [Entrant(k.name, (lambda xs, _k=k: run_kernel(_k, w, xs)), peak_gflops=kpeak(k),
@@ -441,7 +441,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
             emit({"event": "rounds", "device": spec.name, "kernels": len(standing), "forms": [f.key for f in forms],
                   "rounds": cfg.rounds})
             rounds = final_rounds(w, entrants, forms, cfg.rounds, weights,
-                                  lambda form, xs: _run_form(form, xs, measure, bdev, bcfg), record,
+                                  lambda form, xs: run_baseline_form(form, xs, measure, bdev, bcfg), record,
                                   device_lost=lambda: measure.device_error is not None,
                                   on_round=lambda r: emit({"event": "round", "device": spec.name, "round": r}))
         finally:
@@ -507,7 +507,7 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                 pass
         raise
     finally:
-        _close_python_agent(bdev)
+        close_baseline_agent(bdev)
         measure.close()
         store.close()
 

@@ -132,7 +132,7 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     from edgetune.candidate import Candidate
     from edgetune.db import Store
     from edgetune.devices.inventory import Inventory
-    from edgetune.verify import _check_values, _Errors, _Fail
+    from edgetune.verify import check_values, Errors, Fail
     from edgetune.workload import build_workload, compute_reference, load_model, parse_dims, shape_points
 
     scenario = scenario.lower()
@@ -274,21 +274,21 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
         raise UserInputError("LoadGen wrote no mlperf_log_summary.txt: no result to read")
 
     # check the reservoir's outputs against the reference, after the test
-    errors = _Errors()
+    errors = Errors()
     failure = None
     for index, outs in reservoir.items:
         refs = compute_reference(m, qsl_sets[index])
         try:
-            _check_values(f"query sample {index}", wl.output_names, outs, refs, errors, None,
+            check_values(f"query sample {index}", wl.output_names, outs, refs, errors, None,
                           [s.dtype for s in m.outputs])
-        except _Fail as f:
+        except Fail as f:
             failure = f
             break
     if failure is None and run_errors:
-        failure = _Fail("run-failed", run_errors[0])
+        failure = Fail("run-failed", run_errors[0])
     checked = len(reservoir.items)
     if checked == 0 and failure is None:
-        failure = _Fail("no-output", "LoadGen completed no query: nothing to check")
+        failure = Fail("no-output", "LoadGen completed no query: nothing to check")
     doc = _doc(m, wl, cand, scenario, queries, seconds, samples, spec.name, ok=failure is None,
                code="ok" if failure is None else failure.code, reason="" if failure is None else failure.reason)
     lg_valid = summary.get("Result is")

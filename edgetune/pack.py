@@ -428,7 +428,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
     from edgetune.measure import round_ratio
     from edgetune.results import summarize_run
     from edgetune.space import space_of
-    from edgetune.tune import DeviceTuner, TuneConfig, _versions
+    from edgetune.tune import DeviceTuner, TuneConfig, run_versions
     from edgetune.workload import build_workload, load_model, load_user_inputs
 
     if rounds < 2:
@@ -469,7 +469,7 @@ def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 
                 tuner = DeviceTuner(spec, store, cfg)
                 info = tuner.info()
                 same = info.fingerprint_key == run["fingerprint_key"]
-                versions = _versions(info)
+                versions = run_versions(info)
                 rid = "repro-" + hashlib.sha256(f"{run['run_id']}{time.time_ns()}".encode()).hexdigest()[:10]
                 store.acquire_device(device_identity(spec), rid)  # one process drives a device at a time
                 store.start_run(rid, str(path), run["model_sha256"], spec.name, info.fingerprint_key,

@@ -14,6 +14,12 @@ from pathlib import Path
 
 from edgetune.errors import UserInputError
 
+
+def edgetune_home() -> Path:
+    """Where edgetune keeps its state (database, inventory, artifacts); see ``private_home``."""
+    return Path(os.environ.get("EDGETUNE_HOME") or Path.home() / ".edgetune")
+
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 

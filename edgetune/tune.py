@@ -148,7 +148,7 @@ def sequential_plan(cap: int) -> int:
     return lk[1] if len(lk) > 1 else lk[0]
 
 
-def _versions(info: AgentInfo) -> dict[str, Any]:
+def run_versions(info: AgentInfo) -> dict[str, Any]:
     import onnxruntime
 
     return {"edgetune": edgetune.__version__, "agent": f"{info.agent} {info.agent_version}",
@@ -460,7 +460,7 @@ class DeviceTuner:
             if not cands:
                 raise UserInputError(f"{self.spec.name}: no runtime on the device can run a {model.format} model "
                                      f"(device has: {', '.join(k for k in info.runtimes if k != 'numpy') or 'none'})")
-            versions = _versions(info)
+            versions = run_versions(info)
             ui_key = hashlib.sha256(b"".join(a.tobytes() for a in user_inputs.values())).hexdigest()[:12]
             cand_keys = hashlib.sha256(json.dumps(sorted(c.key() for c, _ in cands)).encode()).hexdigest()[:16]
             run_id = _run_id(self.spec.name, model, info, points, [c for c, _ in cands], self.cfg, ui_key, versions)

@@ -140,7 +140,7 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance | None = None) -> E
     return ErrorStats(max_abs, max_rel, norm_rel, float(ratio[idx]), tuple(int(i) for i in idx))
 
 
-class _Fail(Exception):
+class Fail(Exception):
     def __init__(self, code: str, reason: str):
         super().__init__(reason)
         self.code = code
@@ -148,7 +148,7 @@ class _Fail(Exception):
 
 
 @dataclass
-class _Errors:
+class Errors:
     max_abs: float = 0.0
     max_rel: float = 0.0
     norm_rel: float = 0.0
@@ -162,37 +162,37 @@ class _Errors:
 
 
 def _check_outputs(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
-                   errors: _Errors, override: float | None, timed: bool = False,
+                   errors: Errors, override: float | None, timed: bool = False,
                    dtypes: Sequence[str] | None = None, acc: Accuracy | None = None) -> None:
     try:
-        _check_values(where, names, outs, refs, errors, override, dtypes, acc)
-    except _Fail as f:
+        check_values(where, names, outs, refs, errors, override, dtypes, acc)
+    except Fail as f:
         # right when checked, wrong when timed: the signature of work skipped once warm
         if timed and f.code in ("non-finite", "wrong-output", "imprecise"):
-            raise _Fail("wrong-when-timed", f.reason + " (the untimed runs were right)") from None
+            raise Fail("wrong-when-timed", f.reason + " (the untimed runs were right)") from None
         raise
 
 
-def _check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
-                  errors: _Errors, override: float | None, dtypes: Sequence[str] | None = None,
+def check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | None], refs: Sequence[np.ndarray],
+                  errors: Errors, override: float | None, dtypes: Sequence[str] | None = None,
                   acc: Accuracy | None = None) -> None:
     """Presence, shape, dtype and finiteness of every output; then its values: within tolerance, or
     for an approximate candidate (``acc`` given) added to its accuracy instead."""
     if len(outs) != len(refs):
-        raise _Fail("missing-output", f"{where}: {len(outs)} outputs, expected {len(refs)}")
+        raise Fail("missing-output", f"{where}: {len(outs)} outputs, expected {len(refs)}")
     for i, (name, out, ref) in enumerate(zip(names, outs, refs)):
         # the output's dtype is the spec's; a reference may be computed in higher precision (float64)
         want = np.dtype(dtypes[i]) if dtypes else ref.dtype
         if out is None:
-            raise _Fail("missing-output", f"{where}: output {name} missing")
+            raise Fail("missing-output", f"{where}: output {name} missing")
         if tuple(out.shape) != tuple(ref.shape) or out.dtype != want:
-            raise _Fail("missing-output", f"{where}: output {name} is {out.dtype}{list(out.shape)}, "
+            raise Fail("missing-output", f"{where}: output {name} is {out.dtype}{list(out.shape)}, "
                                           f"expected {want}{list(ref.shape)}")
         if out.dtype.kind == "f":
             bad = ~np.isfinite(out) & np.isfinite(ref)
             if np.any(bad):
                 nan = int(np.isnan(out[bad]).sum())
-                raise _Fail("non-finite", f"{where}: output {name} has {int(bad.sum())} of {out.size} non-finite "
+                raise Fail("non-finite", f"{where}: output {name} has {int(bad.sum())} of {out.size} non-finite "
                                           f"values ({nan} NaN) where the reference is finite (unwritten or overflowed)")
         if acc is not None:
             acc.add(name, out, ref)
@@ -204,7 +204,7 @@ def _check_values(where: str, names: Sequence[str], outs: Sequence[np.ndarray | 
             got, want = out[e.worst_index], ref[e.worst_index]
             code = "wrong-output" if e.norm_rel > WRONG_NORM else "imprecise"
             what = "wrong" if code == "wrong-output" else "imprecise (error at the level of a lower precision)"
-            raise _Fail(code, f"{where}: output {name} {what}: norm error {e.norm_rel:.3g} (tolerance {tol.norm:.0e}), "
+            raise Fail(code, f"{where}: output {name} {what}: norm error {e.norm_rel:.3g} (tolerance {tol.norm:.0e}), "
                               f"max error {e.max_rel:.3g} of its RMS scale at {e.worst_index} "
                               f"(got {float(got):.6g}, want {float(want):.6g})")
     if acc is not None:
@@ -270,7 +270,7 @@ def verify_job(
         return Verdict.failed(reason, "error")
     if not res.samples_ns:
         return Verdict.failed("no timing samples returned", "no-samples")
-    errors = _Errors()
+    errors = Errors()
     acc = Accuracy() if approximate else None
     checks: list[str] = []
     deterministic = bitwise = False
@@ -278,20 +278,20 @@ def verify_job(
     try:
         sent = [[array_sha256(a) for a in s] for s in input_sets]
         if res.input_sha256_before is not None and list(res.input_sha256_before) != [h for s in sent for h in s]:
-            raise _Fail("error", "inputs arrived corrupted on the device (sha256 differs from what was sent)")
+            raise Fail("error", "inputs arrived corrupted on the device (sha256 differs from what was sent)")
         if res.guard_violation:
-            raise _Fail("out-of-bounds-write", res.guard_violation)
+            raise Fail("out-of-bounds-write", res.guard_violation)
         if len(res.outputs) != len(references):
-            raise _Fail("missing-output", f"device returned {len(res.outputs)} output sets, expected {len(references)}")
+            raise Fail("missing-output", f"device returned {len(res.outputs)} output sets, expected {len(references)}")
         after = res.input_sha256_after_sets
         if after is None or [list(x) for x in after] != sent:
-            raise _Fail("input-mutated", "candidate modified its inputs (input sha256 changed during a run)")
+            raise Fail("input-mutated", "candidate modified its inputs (input sha256 changed during a run)")
         checks.append(f"inputs unchanged ({res.input_check or 'agent copy'})")
 
         # sensitivity before values: a constant output is named as such, not as "wrong"
         for i in range(1, len(res.outputs)):
             if _refs_differ(references[0], references[i]) and _same(res.outputs[0], res.outputs[i]):
-                raise _Fail("insensitive", f"insensitive: input sets 0 and {i} gave identical outputs")
+                raise Fail("insensitive", f"insensitive: input sets 0 and {i} gave identical outputs")
         if len(res.outputs) > 1:
             checks.append("different inputs give different outputs")
         for i, (refs, outs) in enumerate(zip(references, res.outputs)):
@@ -301,21 +301,21 @@ def verify_job(
         # determinism: required, not optional
         rep = res.repeat_outputs
         if not rep or len(rep) != len(names) or any(r is None for r in rep):
-            raise _Fail("non-deterministic", "no repeat outputs returned: determinism cannot be checked")
+            raise Fail("non-deterministic", "no repeat outputs returned: determinism cannot be checked")
         bitwise = _same(res.outputs[0], rep)
         if not bitwise:
             for j, (name, a, b) in enumerate(zip(names, res.outputs[0], rep)):
                 tol = tolerance_for(str(output_dtypes[j]) if output_dtypes else str(a.dtype), tolerance)
                 e = compare(b, a, Tolerance(tol.atol / 10, tol.rtol / 10, tol.norm / 10))
                 if a.shape != b.shape or e.excess > 1.0:
-                    raise _Fail("non-deterministic", f"non-deterministic: the same input twice gave different "
+                    raise Fail("non-deterministic", f"non-deterministic: the same input twice gave different "
                                                      f"outputs ({name}: max difference {e.max_rel:.3g} of scale)")
         deterministic = True
         checks.append("deterministic" + (" (bitwise)" if bitwise else " (within tolerance/10)"))
 
 
         if res.late_change:
-            raise _Fail("late-write", f"outputs {res.late_change.get('outputs')} changed after the call of iteration "
+            raise Fail("late-write", f"outputs {res.late_change.get('outputs')} changed after the call of iteration "
                                       f"{res.late_change.get('iter')} returned (work finished outside the timed call)")
         if require_timed or res.timed_checks:
             n_timed = _check_timed(res, input_sets, references, reference_fn, names, errors, tolerance, output_dtypes,
@@ -335,14 +335,14 @@ def verify_job(
             fastest = float(min(res.samples_ns))
             floor_ns = flops / (peak_gflops * ROOFLINE_MARGIN)
             if fastest < floor_ns:
-                raise _Fail("impossible-timing", f"impossible timing: {fastest:.0f} ns for {flops:.3g} FLOP is "
+                raise Fail("impossible-timing", f"impossible timing: {fastest:.0f} ns for {flops:.3g} FLOP is "
                                                  f"{flops / fastest:.1f} GFLOP/s, above the device's peak "
                                                  f"{peak_gflops:.1f} GFLOP/s x {ROOFLINE_MARGIN}")
             checks.append("within the device's roofline")
         if acc is not None:
             _check_budget(acc, budget)
             checks.append(f"within the accuracy budget ({budget.label()})")  # type: ignore[union-attr]
-    except _Fail as f:
+    except Fail as f:
         return Verdict(False, f.reason, errors.max_abs, errors.max_rel, errors.tol, deterministic, bitwise,
                        tuple(checks), f.code, errors.norm_rel, accuracy=acc.as_dict() if acc else None)
     if acc is not None:
@@ -353,28 +353,28 @@ def verify_job(
 
 def _check_budget(acc: Accuracy, budget: AccuracyBudget | None) -> None:
     if budget is None or not budget.set:
-        raise _Fail("approximate", f"approximate ({acc.label()} over {acc.runs} checked runs): selectable only "
+        raise Fail("approximate", f"approximate ({acc.label()} over {acc.runs} checked runs): selectable only "
                                    f"under an accuracy budget (--accuracy cosine=X, max-abs=X, top1=X)")
     broken = budget.violations(acc)
     if broken:
-        raise _Fail("over-accuracy-budget", f"outside the accuracy budget: {'; '.join(broken)} "
+        raise Fail("over-accuracy-budget", f"outside the accuracy budget: {'; '.join(broken)} "
                                             f"(worst of {acc.runs} checked runs)")
 
 
-def _check_timed(res: JobResult, input_sets, references, reference_fn, names, errors: _Errors, tolerance,
+def _check_timed(res: JobResult, input_sets, references, reference_fn, names, errors: Errors, tolerance,
                  dtypes=None, acc: Accuracy | None = None) -> int:
     n = len(res.samples_ns)
     first = res.first_timed_iter
     if not res.timed_checks or first is None or res.fresh_seed is None:
-        raise _Fail("error", "the agent returned no outputs of timed iterations (protocol 2 needs them)")
+        raise Fail("error", "the agent returned no outputs of timed iterations (protocol 2 needs them)")
     iters = [c.iteration for c in res.timed_checks]
     if len(set(iters)) != len(iters) or any(not (first <= it < first + n) for it in iters):
-        raise _Fail("error", f"timed checks name iterations {iters} outside the timed range [{first}, {first + n})")
+        raise Fail("error", f"timed checks name iterations {iters} outside the timed range [{first}, {first + n})")
     replayed = []
     for c in res.timed_checks:
         inputs = fresh_inputs(input_sets, res.fresh_seed, c.iteration)
         if c.input_sha256_after is None or list(c.input_sha256_after) != [array_sha256(a) for a in inputs]:
-            raise _Fail("input-mutated", f"timed iteration {c.iteration}: the candidate's input buffers differ from "
+            raise Fail("input-mutated", f"timed iteration {c.iteration}: the candidate's input buffers differ from "
                                          f"the inputs it was given (modified during the run)")
         replayed.append(reference_fn(inputs))
     # stale first: an output that repeats one computed for other inputs is named as such, not as "wrong"
@@ -382,7 +382,7 @@ def _check_timed(res: JobResult, input_sets, references, reference_fn, names, er
     for c, refs in zip(res.timed_checks, replayed):
         for outs, other_refs, label in seen:
             if _same(c.outputs, outs) and _refs_differ(refs, other_refs):
-                raise _Fail("stale-output", f"stale output: timed iteration {c.iteration} returned exactly the "
+                raise Fail("stale-output", f"stale output: timed iteration {c.iteration} returned exactly the "
                                             f"outputs of {label}, computed for other inputs")
         seen.append((c.outputs, refs, f"timed iteration {c.iteration}"))
     for c, refs in zip(res.timed_checks, replayed):
@@ -404,6 +404,6 @@ def _check_probe(res: JobResult) -> None:
     if faster >= len(pairs) - len(pairs) // 5:
         r = float(np.median(res.probe_repeat_ns))
         d = float(np.median(res.probe_distinct_ns))
-        raise _Fail("caching", f"caching: a repeated input ran {d / max(r, 1.0):.1f}x faster than distinct inputs "
+        raise Fail("caching", f"caching: a repeated input ran {d / max(r, 1.0):.1f}x faster than distinct inputs "
                                f"(median {r / 1e3:.1f} vs {d / 1e3:.1f} us; faster by over {CACHE_RATIO}x in "
                                f"{faster} of {len(pairs)} back-to-back pairs; MLPerf TEST04)")

@@ -21,8 +21,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+import models  # the bundled models' generators (a package of this project; they import onnxscript lazily)
 from edgetune.errors import MissingExtra, ModelError, UserInputError
 from edgetune.hashing import sha256_file
+from edgetune.private import edgetune_home
 
 N_SEEDED_INPUTS = 3
 _ONNX_DTYPES = {
@@ -580,6 +582,17 @@ class Workload:
     def reference_for(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Reference outputs of any inputs of this shape point (e.g. a replayed timed iteration's)."""
         return compute_reference(self.model, inputs)
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A path, or the name of a bundled model (generated reproducibly on first use)."""
+    p = Path(name_or_path)
+    if p.exists() or name_or_path not in models.BUNDLED:
+        return name_or_path
+    out = edgetune_home() / "models" / f"{name_or_path}.onnx"
+    if not out.exists():
+        models.build_onnx(name_or_path, out)
+    return str(out)
 
 
 def build_workload(model: Model, bindings: Mapping[str, int], user_inputs: Mapping[str, np.ndarray] | None = None,

@@ -298,7 +298,7 @@ def _target(arch: str, triple: str | None) -> tuple[str, str | None]:
         if t_arch != arch:
             raise UserInputError(f"target triple {triple} is not for a {arch} device")
         return arch, (None if native._is_host(triple) else triple)
-    if arch == native._HOST_ARCH:
+    if arch == native.HOST_ARCH:
         return arch, None
     return arch, f"{arch}-linux-gnu"
 
@@ -390,8 +390,8 @@ def build_kernel(source: str | os.PathLike, arch: str, out_dir: str | os.PathLik
         return prepare_prebuilt(source, arch)
     arch, tc_triple = _target(arch, triple)
     if kind == "cuda":
-        if arch != native._HOST_ARCH:
-            raise ToolchainError(f"CUDA kernels are built on a {arch} host only (this host is {native._HOST_ARCH})")
+        if arch != native.HOST_ARCH:
+            raise ToolchainError(f"CUDA kernels are built on a {arch} host only (this host is {native.HOST_ARCH})")
         compiler = native._which(os.environ.get("NVCC") or "nvcc")
         if compiler is None:
             raise ToolchainError("nvcc not found: CUDA kernels need the CUDA toolkit and a GPU device")
@@ -413,7 +413,7 @@ def build_kernel(source: str | os.PathLike, arch: str, out_dir: str | os.PathLik
     for h in sorted(INCLUDE_DIR.rglob("*.h")):
         headers.update(h.relative_to(INCLUDE_DIR).as_posix().encode() + b"\0" + h.read_bytes())
     key = hashlib.sha256("\n".join([
-        source_sha, identity, tc_triple or native._HOST_ARCH, json.dumps(command), headers.hexdigest(),
+        source_sha, identity, tc_triple or native.HOST_ARCH, json.dumps(command), headers.hexdigest(),
     ]).encode()).hexdigest()[:24]
     out_root = Path(out_dir)
     final_dir = out_root / f"{source.stem}-{arch}-{key}"

@@ -55,7 +55,7 @@ KERNEL_SLOTS = (
 CFLAGS = ("-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wno-format-truncation",
           "-fno-strict-aliasing", "-pthread")
 
-_HOST_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+HOST_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _which(name: str) -> str | None:
 
 
 def _is_host(triple: str | None) -> bool:
-    return triple is None or triple.split("-")[0] == _HOST_ARCH and "android" not in triple
+    return triple is None or triple.split("-")[0] == HOST_ARCH and "android" not in triple
 
 
 def toolchain(target_triple: str | None = None, cc: str | None = None) -> Toolchain:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from edgetune.errors import MissingExtra, ToolchainError, UserInputError
 
-_HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(
+HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(
     platform.machine().lower(), platform.machine().lower()
 )
 
@@ -68,7 +68,7 @@ def target_arch(target: Any) -> str:
     host = tgt.host if tgt.host is not None else tgt
     triple = str(host.attrs.get("mtriple", "")) if host.kind.name == "llvm" else ""
     if not triple:
-        return _HOST_ARCH
+        return HOST_ARCH
     arch = triple.split("-")[0]
     return {"arm64": "aarch64", "amd64": "x86_64"}.get(arch, arch)
 
@@ -80,7 +80,7 @@ def resolve_cross_cc(target: Any, cross_cc: str | None = None) -> str | None:
     Raises ToolchainError when the compiler is not on PATH.
     """
     arch = target_arch(target)
-    if cross_cc is None and arch != _HOST_ARCH:
+    if cross_cc is None and arch != HOST_ARCH:
         cross_cc = f"{arch}-linux-gnu-gcc"
     if cross_cc is None:
         return None

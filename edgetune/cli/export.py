@@ -10,9 +10,9 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from edgetune.cli.common import DbOpt, DeviceOpt, Format, FormatOpt, console, emit_json, err_console, run_guarded
-from edgetune.cli.pack import _examples
+from edgetune.cli.pack import pack_examples
 
-EPILOG = _examples(
+EPILOG = pack_examples(
     ("edgetune export 3f2a9c1e0b7d4e55 1c0ffee5ba5e4d11 --target android -o app-artifact",
      "an Android artifact of two phones' tune runs (ids from 'edgetune db ls')"),
     ("edgetune export RUN_ID --target linux -o board-artifact", "a Linux board's artifact"),
@@ -20,11 +20,11 @@ EPILOG = _examples(
     ("edgetune export check app-artifact -d new-phone --fallback --format json",
      "a device it was not tuned on: check the fallback configuration"))
 
-CREATE_EPILOG = _examples(
+CREATE_EPILOG = pack_examples(
     ("edgetune export create 3f2a9c1e0b7d4e55 --target linux -o board-artifact", "one board's tune run"),
     ("edgetune export 3f2a9c1e0b7d4e55 1c0ffee5ba5e4d11 --target android -o app-artifact",
      "the same without 'create': two phones' runs, for an Android app"))
-CHECK_EPILOG = _examples(
+CHECK_EPILOG = pack_examples(
     ("edgetune export check board-artifact -d pi", "run it on the device the way an app does"),
     ("edgetune export check app-artifact -d new-phone --fallback --format json",
      "a device it was not tuned on: check the fallback configuration"))

@@ -11,17 +11,17 @@ from rich.table import Table
 from edgetune.cli.common import DbOpt, DeviceOpt, Format, FormatOpt, console, emit_json, run_guarded
 
 
-def _examples(*pairs: tuple[str, str]) -> str:  # the layout of edgetune.cli.examples.epilog
+def pack_examples(*pairs: tuple[str, str]) -> str:  # the layout of edgetune.cli.examples.epilog
     lines = ["Examples:"]
     for cmd, what in pairs:
         lines += ["", f"  # {what}", f"  {cmd}"]
     return "\n".join(lines)
 
 
-PACK_EPILOG = _examples(
+PACK_EPILOG = pack_examples(
     ("edgetune pack 3f2a9c1e0b7d4e55 -o mobilenet-repro", "package a tune run (id from 'edgetune db ls')"),
     ("edgetune pack RUN_A RUN_B -o farm-repro --no-models", "two runs; bundled models rebuilt instead of copied"))
-CHECK_EPILOG = _examples(
+CHECK_EPILOG = pack_examples(
     ("edgetune repro check mobilenet-repro -d local", "re-measure and re-verify a package on this machine"),
     ("edgetune repro check mobilenet-repro -d pi --format json --rounds 7", "on another device, for scripts"))
 repro_app = typer.Typer(no_args_is_help=True, help="Re-run a package 'edgetune pack' wrote.", epilog=CHECK_EPILOG)

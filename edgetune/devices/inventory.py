@@ -22,7 +22,8 @@ from typing import Any
 from edgetune.devices.adb import AdbTransport
 from edgetune.devices.local import LocalTransport
 from edgetune.errors import DeviceError, MissingExtra, UserInputError
-from edgetune.private import DIR_MODE, FILE_MODE, NotPrivate, check_private_dir, private_dir, write_private
+from edgetune.private import (DIR_MODE, FILE_MODE, NotPrivate, check_private_dir, edgetune_home, private_dir,
+                              write_private)
 
 # work dirs are private to the user (0700, owner checked before use): never a predictable shared
 # /tmp path. "~/" is the device user's home; local's default is EDGETUNE_HOME/work (agent/host.py)
@@ -33,11 +34,6 @@ _ADB_RE = re.compile(r"^adb://(?P<serial>[^@]+)(?:@(?P<host>[^:]+):(?P<port>\d+)
 
 
 HOME_SUBDIRS = ("artifacts", "kernels", "models")
-
-
-def edgetune_home() -> Path:
-    """Where edgetune keeps its state (database, inventory, artifacts); see ``private_home``."""
-    return Path(os.environ.get("EDGETUNE_HOME") or Path.home() / ".edgetune")
 
 
 def _tighten(path: Path, mode: int) -> None:

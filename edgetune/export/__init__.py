@@ -145,7 +145,7 @@ def _model_form(arch: str) -> str:
     return "ort" if arch in ("aarch64", "arm64", "armv7l", "armv8l") else "onnx"
 
 
-def _save_ort(src: Path, dst: Path, level: str, custom_ops: Path | None) -> None:
+def save_ort(src: Path, dst: Path, level: str, custom_ops: Path | None) -> None:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -298,7 +298,7 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
         if form == "ort":
             rel = f"models/{stem}-{tag}.{level}.ort"
             progress(f"converting {path.name} to ORT format (optimization level {level})")
-            _save_ort(path, app / rel, level, custom_ops)
+            save_ort(path, app / rel, level, custom_ops)
         else:
             rel = f"models/{stem}-{tag}.onnx"
             shutil.copyfile(path, app / rel)
@@ -434,9 +434,9 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
 
 
 def _host_triple(triple: str) -> bool:
-    from edgetune.build.native import _HOST_ARCH
+    from edgetune.build.native import HOST_ARCH
 
-    return triple.split("-")[0] == _HOST_ARCH and "android" not in triple
+    return triple.split("-")[0] == HOST_ARCH and "android" not in triple
 
 
 def _figure(dev: _Device, sel: _Selection, cid: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from edgetune.build.identity import build_identity, identity_key
 from edgetune.build.tvm_kernel import as_tvm_target, resolve_cross_cc
 
 
-def _slug(text: str, limit: int = 48) -> str:
+def slug(text: str, limit: int = 48) -> str:
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:limit] or "x"
     return f"{s}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
@@ -32,8 +32,8 @@ def database_dir(db_dir: str | os.PathLike, fingerprint: str, target, *, cross_c
     target: path + ``--version``) or kernel thread counts (``threads``; default: the target's
     ``num-cores``, else this host's CPU count, which is what the default measurer uses)."""
     tgt = as_tvm_target(target)
-    identity = build_identity(resolve_cross_cc(tgt, cross_cc), threads or _num_cores(tgt))
-    return Path(db_dir) / _slug(fingerprint) / target_key(tgt) / identity_key(identity)
+    identity = build_identity(resolve_cross_cc(tgt, cross_cc), threads or num_cores(tgt))
+    return Path(db_dir) / slug(fingerprint) / target_key(tgt) / identity_key(identity)
 
 
 def open_database(path: str | os.PathLike):
@@ -51,7 +51,7 @@ def workload_records(db, mod) -> list:
     return [r for r in db.get_all_tuning_records() if tvm_ffi.structural_equal(r.workload.mod, mod)]
 
 
-def _num_cores(tgt) -> int:
+def num_cores(tgt) -> int:
     try:
         return int(tgt.attrs.get("num-cores", 0)) or (os.cpu_count() or 1)
     except Exception:  # noqa: BLE001

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Callable
 
 from edgetune.build.tvm_kernel import (
-    _HOST_ARCH, as_tvm_target, compile_module, export_module, import_tensor_intrinsics, ms_build, ms_export_function,
+    HOST_ARCH, as_tvm_target, compile_module, export_module, import_tensor_intrinsics, ms_build, ms_export_function,
     resolve_cross_cc, target_arch,
 )
 from edgetune.errors import UserInputError
-from edgetune.kernels.database import _num_cores, _slug, database_dir, open_database, target_key, workload_records
+from edgetune.kernels.database import num_cores, slug, database_dir, open_database, target_key, workload_records
 from edgetune.kernels.device_measure import LocalMeasure
 from edgetune.kernels.measurement import CudaLocalMeasure, KernelRun, Measure, verify_run
 from edgetune.kernels.runner import EdgetuneRunner, TrialRecord
@@ -147,12 +147,12 @@ def default_measure(target):
     tgt = as_tvm_target(target)
     if tgt.kind.name == "cuda":
         return CudaLocalMeasure(device="cuda")
-    if tgt.kind.name != "llvm" or target_arch(tgt) != _HOST_ARCH:
+    if tgt.kind.name != "llvm" or target_arch(tgt) != HOST_ARCH:
         raise UserInputError(
-            f"kernels for {tgt.kind.name}/{target_arch(tgt)} cannot run on this {_HOST_ARCH} host: "
+            f"kernels for {tgt.kind.name}/{target_arch(tgt)} cannot run on this {HOST_ARCH} host: "
             "pass the device's measure (agent) instead"
         )
-    return LocalMeasure(num_threads=_num_cores(tgt))
+    return LocalMeasure(num_threads=num_cores(tgt))
 
 
 def tune_workload(
@@ -212,7 +212,7 @@ def tune_workload(
         runner = EdgetuneRunner(measure, workload, seed=seed, progress_cb=progress_cb)
         if remaining > 0:
             builder = ms.builder.LocalBuilder(
-                max_workers=builder_workers or _num_cores(tgt), timeout_sec=build_timeout_s,
+                max_workers=builder_workers or num_cores(tgt), timeout_sec=build_timeout_s,
                 f_build=ms_build, f_export=ms_export_function(cc_name),
             )
             ms.tune_tir(
@@ -221,7 +221,7 @@ def tune_workload(
                 builder=builder, runner=runner, database=db, seed=seed if search_seed is None else search_seed,
                 strategy=strategy if strategy is not None else search_strategy(remaining),
                 space=design_space(tgt, workload),
-                num_tuning_cores=builder_workers or _num_cores(tgt),
+                num_tuning_cores=builder_workers or num_cores(tgt),
             )
         tuning_seconds = time.perf_counter() - t0
         records = list(runner.records)
@@ -232,7 +232,7 @@ def tune_workload(
         if sch is None:
             return TuneOutcome(best_gflops=None, best_latency_ns=None, artifact_path=None, verified=False,
                                reason="no verified candidate in the database", **common)
-        out = Path(export_path) if export_path else db_path / "artifacts" / f"{_slug(workload.key())}.so"
+        out = Path(export_path) if export_path else db_path / "artifacts" / f"{slug(workload.key())}.so"
         export_module(compile_module(sch.mod, tgt), out, cc_name)
         # An independent input set: the selected kernel must hold up on inputs it was not picked on.
         check = EdgetuneRunner(measure, workload, seed=verify_seed)

@@ -41,6 +41,7 @@ from edgetune.db import Record, Store
 from edgetune.kernels.measurement import verify_run
 from edgetune.errors import DeviceError, UserInputError
 from edgetune.kernels.workloads import TensorSpec
+from edgetune.workload import resolve_model
 
 KernelEvent = Callable[[dict[str, Any]], None]
 
@@ -884,7 +885,7 @@ def _python_agent(spec, transport, num_threads: int) -> tuple[Any, Any, str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _verify_run(run, workload, inputs, reference, *, peak_gflops=None, timings_trusted=True):
+def check_kernel_run(run, workload, inputs, reference, *, peak_gflops=None, timings_trusted=True):
     """(ok, reason, max_abs, max_rel) of a KernelRun: the one verifier (timed iterations on fresh
     inputs included), against the host's float64 reference; the reason starts with its code."""
     v = verify_run(run, workload, inputs, reference, peak_gflops=peak_gflops, timings_trusted=timings_trusted)
@@ -911,8 +912,6 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
     ops = parse_ops(cfg.ops) if cfg.ops else []
     model = shapes = None
     if cfg.model:
-        from edgetune.api import resolve_model
-
         model, shapes = model_input_shapes(resolve_model(cfg.model), cfg.dims)
     elif cfg.dims:
         raise UserInputError("--dim applies to a MODEL, not to --op workloads")
@@ -957,7 +956,7 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
         fp, fp_key = probe.fingerprint, probe.fingerprint_key
         import tvm
 
-        bdev = _baseline_device(cfg, spec, measure, info, workloads)
+        bdev = baseline_device(cfg, spec, measure, info, workloads)
         versions = {"edgetune": __version__, "agent": f"{info.agent} {info.agent_version}", "tvm": tvm.__version__,
                     "device_runtimes": {k: v for k, v in sorted(info.runtimes.items()) if not isinstance(v, list)}}
         if bdev.python_info is not None:
@@ -995,7 +994,7 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
         store.finish_run(run_id, {"kind": "kernels", **outcome.as_dict()})
         return outcome
     finally:
-        _close_python_agent(bdev)
+        close_baseline_agent(bdev)
         if kmeasure is not measure:
             kmeasure.close()
         measure.close()
@@ -1026,7 +1025,7 @@ def _gpu_target(cfg, spec, info):
     return dict(load_target(name).tvm_target), gpu_peak_gflops(sm), kmeasure
 
 
-def _baseline_device(cfg, spec, measure, info, workloads) -> BaselineDevice:
+def baseline_device(cfg, spec, measure, info, workloads) -> BaselineDevice:
     """What the device offers the baseline forms (the Python agent is provisioned only when an
     operator workload could use it)."""
     n = measure.num_threads
@@ -1041,7 +1040,7 @@ def _baseline_device(cfg, spec, measure, info, workloads) -> BaselineDevice:
     return dev
 
 
-def _close_python_agent(dev: BaselineDevice) -> None:
+def close_baseline_agent(dev: BaselineDevice) -> None:
     """Remove the baseline artifacts and job dirs from the device (its connection is the kernel
     agent's, closed with it)."""
     c = dev.python
@@ -1060,7 +1059,7 @@ def _name(w) -> str:
     return spec() if callable(spec) else f"{w.name} (x{w.weight})"
 
 
-def _run_form(form: BaselineForm, form_inputs: list[np.ndarray], measure, dev: BaselineDevice, cfg):
+def run_baseline_form(form: BaselineForm, form_inputs: list[np.ndarray], measure, dev: BaselineDevice, cfg):
     """Run one baseline form on its agent: (JobResult or None, KernelRun in the form's terms)."""
     from edgetune.agent.host import Job
     from edgetune.kernels.device_measure import job_to_kernel_run
@@ -1143,7 +1142,7 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
         forms, skipped = baseline_forms(w, weights, workdir, bdev)
         rounds = final_rounds(w, [Entrant("kernel", run_kernel, peak_gflops=peak if kmeasure is not measure else None)],
                               forms, cfg.rounds, weights,
-                              lambda form, xs: _run_form(form, xs, measure, bdev, cfg), record,
+                              lambda form, xs: run_baseline_form(form, xs, measure, bdev, cfg), record,
                               device_lost=lambda: measure.device_error is not None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -1241,7 +1240,7 @@ def final_rounds(w, entrants: Sequence[Entrant], forms: Sequence["BaselineForm"]
                 checks["peak_gflops"] = who.peak_gflops
             if not who.timings_trusted:
                 checks["timings_trusted"] = False
-            ok, reason, mabs, mrel = _verify_run(run, view, xs, ref, **checks)
+            ok, reason, mabs, mrel = check_kernel_run(run, view, xs, ref, **checks)
             if ok:
                 groups[who.key].append(np.asarray(run.samples_ns, np.int64))
             else:

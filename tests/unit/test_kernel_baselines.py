@@ -186,7 +186,7 @@ def _finish(tmp_path, monkeypatch, spec, rounds=3, wrong=(), crash=(), python=Tr
     from edgetune.kernels import device_measure
     from edgetune.kernels.search import TuneOutcome
 
-    monkeypatch.setattr(S, "_verify_run", _simple_verify)
+    monkeypatch.setattr(S, "check_kernel_run", _simple_verify)
     monkeypatch.setattr(device_measure, "job_to_kernel_run", _to_kernel_run)
     w = parse_workload(spec)
     agents = FakeAgents(w, set(wrong), set(crash))
@@ -633,7 +633,7 @@ def test_torch_compile_form_runs_compiled(tmp_path):
     dev = S.BaselineDevice(True, "", python=Recorder(), num_threads=1)
     cfg = S.KernelSessionConfig(budget_ms=5.0, timeout_s=30.0)
     for key in ("torch", "torch-compile"):
-        S._run_form({f.key: f for f in forms}[key], [xs[0]], None, dev, cfg)
+        S.run_baseline_form({f.key: f for f in forms}[key], [xs[0]], None, dev, cfg)
     assert [j.timeout_s for j in jobs] == [30.0, 30.0 + S.COMPILE_ALLOWANCE_S]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"op": "__import__('os').system('true')", "params": {}}))

@@ -14,7 +14,7 @@ from tests.conftest import require
 
 tvm = require_module("tvm")
 
-from edgetune.build.tvm_kernel import _HOST_ARCH, build_kernel, compile_module, elf_machine, export_module  # noqa: E402
+from edgetune.build.tvm_kernel import HOST_ARCH, build_kernel, compile_module, elf_machine, export_module  # noqa: E402
 from edgetune.kernels.search import (  # noqa: E402
     KernelRun,
     LocalMeasure,
@@ -195,5 +195,5 @@ def test_cuda_build_without_gpu(tmp_path):
     require(shutil.which("nvcc") is not None, "nvcc not installed")
     w = parse_workload("gemm:M=32,N=32,K=32")
     path = build_kernel(w, {"kind": "cuda", "arch": "sm_80", "host": {"kind": "llvm"}}, tmp_path / "k.so")
-    assert elf_machine(path) == _HOST_ARCH
+    assert elf_machine(path) == HOST_ARCH
     assert path.stat().st_size > 10_000

@@ -111,11 +111,11 @@ def test_flops():
 
 @pytest.mark.parametrize("spec", TINY)
 def test_default_build_matches_float64_reference(spec, tmp_path):
-    from edgetune.build.tvm_kernel import _HOST_ARCH, build_kernel, elf_machine
+    from edgetune.build.tvm_kernel import HOST_ARCH, build_kernel, elf_machine
 
     w = parse_workload(spec)
     path = build_kernel(w, {"kind": "llvm", "num-cores": 1}, tmp_path / "k.so")
-    assert elf_machine(path) == _HOST_ARCH
+    assert elf_machine(path) == HOST_ARCH
     lib = tvm.runtime.load_module(str(path))
     inputs = w.random_inputs(0)
     outs = [tvm.runtime.tensor(np.full(s.shape, np.nan, s.dtype)) for s in w.outputs]

@@ -61,7 +61,7 @@ def main() -> int:
     args = ap.parse_args()
     import onnxruntime
 
-    from edgetune.export import _save_ort
+    from edgetune.export import save_ort
 
     work = Path(tempfile.mkdtemp(prefix="bench-export-"))
     try:
@@ -90,7 +90,7 @@ def main() -> int:
         shutil.copytree(art, onnx_art)
         shutil.copytree(art, ort_art)
         ort_model = ort_art / "models" / "bench.ort"
-        _save_ort(ort_art / chosen["model"], ort_model, level, None)
+        save_ort(ort_art / chosen["model"], ort_model, level, None)
         from edgetune.hashing import sha256_file
 
         chosen_ort = dict(chosen, model="models/bench.ort", files=[{"path": "models/bench.ort",

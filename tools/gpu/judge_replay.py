@@ -283,7 +283,7 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
                     continue
                 inputs = jobs[p["job"]].input_sets[0]
                 run = job_to_kernel_run(jr, inputs, odd.outputs)
-                ok, reason, _, _ = S._verify_run(run, odd, inputs, odd.reference(inputs), peak_gflops=peak)
+                ok, reason, _, _ = S.check_kernel_run(run, odd, inputs, odd.reference(inputs), peak_gflops=peak)
                 if not ok:
                     failure[p["who"]] = f"at {odd.spec()}: {reason}"
             else:

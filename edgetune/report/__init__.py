@@ -192,7 +192,7 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"- model sha256 {md_code(str(run['model_sha256'])[:16] + '…')}, run {md_code(run['run_id'])} "
                 f"({t(run['status'])})",
                 f"- command: {command_text(run)}"]
-        out += [f"- not raced: {t(name)}, {t(why)}" for name, why in sorted(run["families_not_built"].items())]
+        out += [f"- not raced: {t(name)}, {t(why)}" for name, why in sorted(run.get("families_not_built", {}).items())]
         out.append("")
         on = [s.get("measured_on") or "" for s in run["shapes"]]
         several = len(set(",".join(on).split(","))) > 1

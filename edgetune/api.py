@@ -18,6 +18,8 @@ from edgetune.candidate import Candidate
 from edgetune.db import Store, device_lease
 from edgetune.devices.inventory import Inventory, device_identity
 from edgetune.errors import UserInputError
+from edgetune.judge import JudgeConfig
+from edgetune.judge import judge as _judge
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
 from edgetune.space import BuildFailed, space_of, with_approximate
@@ -188,8 +190,5 @@ def judge(op: str, kernels: Sequence[str], devices: Sequence[str] = ("local",), 
     build and every sample; per device the strongest baseline and the fast_p leaderboard).
     ``options``: any other field of ``edgetune.judge.JudgeConfig`` (timeout_s, memory_mb, cflags,
     exact_shape, baseline, num_threads)."""
-    from edgetune.judge import JudgeConfig
-    from edgetune.judge import judge as _judge
-
     return _judge(JudgeConfig(op=op, kernels=list(kernels), devices=list(devices), rounds=rounds, budget_ms=budget_ms,
                               report_dir=report_dir, db=db, **options))

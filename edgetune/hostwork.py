@@ -28,14 +28,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+import edgetune
+from edgetune.build.identity import build_identity
+from edgetune.build.tvm_kernel import resolve_cross_cc
+from edgetune.build.tvm_relax import build_relax_model
 from edgetune.errors import EdgetuneError, UserInputError
+from edgetune.workload import compute_reference, load_model
 
 
 def _versions() -> dict[str, str]:
     """What makes the host's references and builds what they are."""
     import onnxruntime
-
-    import edgetune
 
     out = {"edgetune": edgetune.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
     try:
@@ -61,8 +64,6 @@ def _model_file(model_bytes: bytes, sha256: str, suffix: str) -> Path:
 
 def _remote_references(model_bytes: bytes, sha256: str, suffix: str, input_set: list[np.ndarray]) -> dict:
     """A Ray task: the host reference of one input set, and who computed it."""
-    from edgetune.workload import compute_reference, load_model
-
     model = load_model(_model_file(model_bytes, sha256, suffix))
     if model.sha256 != sha256:
         raise EdgetuneError("the model changed on its way to the Ray node")
@@ -72,10 +73,6 @@ def _remote_references(model_bytes: bytes, sha256: str, suffix: str, input_set: 
 def _remote_build(model_bytes: bytes, sha256: str, suffix: str, shapes: dict, target: dict, cross_cc: str | None,
                   threads: int) -> dict:
     """A Ray task: one tvm-relax build, returned as bytes with the identity that made it."""
-    from edgetune.build.identity import build_identity
-    from edgetune.build.tvm_kernel import resolve_cross_cc
-    from edgetune.build.tvm_relax import build_relax_model
-
     path = _model_file(model_bytes, sha256, suffix)
     ident = build_identity(resolve_cross_cc(target, cross_cc), threads)
     with tempfile.TemporaryDirectory(prefix="edgetune-ray-build-") as d:

@@ -45,9 +45,24 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+import edgetune
+from edgetune import sanitizer as san
+from edgetune.agent.host import Job
+from edgetune.build import kernel_build as kb
+from edgetune.build.kernel_build import classify
 from edgetune.candidate import Candidate
 from edgetune.db import Record, Store
+from edgetune.devices.inventory import Inventory, device_identity, home_subdir
 from edgetune.errors import DeviceError, EdgetuneError, UserInputError
+from edgetune.kernels.device_measure import DeviceMeasure, job_to_kernel_run
+from edgetune.kernels.session import (BaselineDevice, Entrant, baseline_device, baseline_forms, check_kernel_run,
+                                      close_baseline_agent, final_rounds, final_weights, record_form, round_median,
+                                      run_baseline_form, strongest_baseline)
+from edgetune.kernels.targets import device_sm, gpu_peak_gflops
+from edgetune.kernels.workloads import parse_workload
+from edgetune.measure import round_ratio
+from edgetune.report import write_atomic
+from edgetune.text import md_text
 
 JudgeEvent = Callable[[dict[str, Any]], None]
 
@@ -169,8 +184,6 @@ def _p(p: float) -> str:
 def collect_kernels(paths: Sequence[str]) -> list[KernelFile]:
     """Every kernel named: files as given, directories by their kernel files (sorted); one clear
     UserInputError for a path that is missing, unreadable or not a kernel."""
-    from edgetune.build.kernel_build import classify
-
     if not paths:
         raise UserInputError("give one or more KERNEL files or directories to judge")
     found: list[tuple[Path, str]] = []
@@ -215,8 +228,6 @@ def collect_kernels(paths: Sequence[str]) -> list[KernelFile]:
 def odd_variant(w):
     """The op with every even dimension made odd (minus one), or None when it has none: the shape
     of the correctness check that catches kernels right only on friendly sizes."""
-    from edgetune.kernels.workloads import parse_workload
-
     params = w.params()
     keep = _KEEP.get(w.op, set())
     changed = {k: (v - 1 if (k not in keep and isinstance(v, int) and v > 1 and v % 2 == 0) else v)
@@ -237,9 +248,6 @@ def odd_variant(w):
 
 def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any]:
     """Judge every kernel on every device; returns the JSON document (schema ``edgetune.judge/1``)."""
-    from edgetune.devices.inventory import Inventory
-    from edgetune.kernels.workloads import parse_workload
-
     emit = progress or (lambda ev: None)
     if cfg.rounds < 1:
         raise UserInputError(f"--rounds must be >= 1, got {cfg.rounds}")
@@ -274,14 +282,6 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
 
 
 def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emit) -> tuple[dict, list[Judged]]:
-    from edgetune import __version__
-    from edgetune.kernels.device_measure import DeviceMeasure
-    from edgetune.kernels.session import (BaselineDevice, Entrant, baseline_device, close_baseline_agent,
-                                          run_baseline_form, baseline_forms, final_rounds, final_weights, record_form,
-                                          round_median, strongest_baseline)
-    from edgetune.measure import round_ratio
-    from edgetune.devices.inventory import device_identity
-
     store = Store(cfg.db)
     measure = DeviceMeasure(spec, cfg.num_threads, cfg.budget_ms, cfg.timeout_s, max_iters=20_000)
     bdev = BaselineDevice()
@@ -297,15 +297,13 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         emulated = probe.emulated
         peak = None if emulated else measure.peak_gflops
         # a CUDA kernel's roofline is its GPU's (the SM's stated dense tensor-core peak), not the CPU's
-        from edgetune.kernels.targets import device_sm, gpu_peak_gflops
-
         sm = device_sm(info.fingerprint)
         gpu_peak = None if emulated or sm is None else gpu_peak_gflops(sm)
 
         def kpeak(k: KernelFile):
             return gpu_peak if k.kind == "cuda" else peak
         fp, fp_key = probe.fingerprint, probe.fingerprint_key
-        versions = {"edgetune": __version__, "agent": f"{info.agent} {info.agent_version}",
+        versions = {"edgetune": edgetune.__version__, "agent": f"{info.agent} {info.agent_version}",
                     "device_runtimes": {k: v for k, v in sorted(info.runtimes.items()) if not isinstance(v, list)}}
         emit({"event": "device", "device": spec.name, "arch": info.arch, "emulated": emulated, "sandbox": sandbox})
         store.acquire_device(device_identity(spec), run_id)  # one process drives a device at a time
@@ -334,8 +332,6 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                                             "abi": b.abi if b else None}).as_dict()
 
         def job(k: KernelFile, inputs, view):
-            from edgetune.agent.host import Job
-
             b = built[k.name]
             params = {"abi": b.abi, "num_threads": measure.num_threads}
             if k.kind == "cuda":  # device buffers, the call timed with cuCtxSynchronize (PROTOCOL.md)
@@ -347,8 +343,6 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
                        memory_mb=cfg.memory_mb)
 
         def run_kernel(k: KernelFile, view, inputs):
-            from edgetune.kernels.device_measure import job_to_kernel_run
-
             jr = measure.run_job(job(k, inputs, view))
             res = by_name[k.name]
             if k.kind == "cuda" and jr.status != "ok" and "cuda-unavailable: " in (jr.reason or ""):
@@ -367,8 +361,6 @@ def _judge_device(cfg: JudgeConfig, spec, w, odd, kernels: list[KernelFile], emi
         by_name = {r.kernel: r for r in results}
         # 1. correctness at the odd-sized variant (shape-generic kernels only)
         if odd is not None:
-            from edgetune.kernels.session import check_kernel_run
-
             inputs = odd.random_inputs(7)
             reference = odd.reference(inputs)
             for k in kernels:
@@ -518,8 +510,6 @@ def _sanitize(cfg: JudgeConfig, spec, measure, store, common, versions, kernels,
     a finding is the kernel's named failure. None when no CUDA kernel is judged here."""
     import dataclasses
 
-    from edgetune import sanitizer as san
-
     cuda = [k for k in kernels if k.kind == "cuda" and k.name in built and by_name[k.name].failure is None]
     if not cuda:
         return None
@@ -587,16 +577,11 @@ def op_macros(w) -> list[str]:
 def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Sequence[str] = ()):
     """The binary judged on this device (built here for its architecture), or None with the
     kernel's failure recorded (build error, wrong architecture, interposed symbols, CUDA on a CPU)."""
-    from edgetune.build import kernel_build as kb
-    from edgetune.devices.inventory import home_subdir
-
     arch = info.arch
     out_dir = Path(cfg.build_dir) if cfg.build_dir else home_subdir("judge") / arch
     try:
         if k.kind == "cuda":
             # built for the device GPU's own SM (its fingerprint, from nvidia-smi), not nvcc's default
-            from edgetune.kernels.targets import device_sm
-
             sm = device_sm(info.fingerprint)
             if sm is None:
                 res.fail("not-applicable", "a CUDA kernel: this device has no CUDA GPU")
@@ -676,8 +661,6 @@ def _prepare_report_dir(path: str) -> tuple[Path, bool]:
 
 
 def _write_report(report: Path, doc: dict[str, Any], kernels: Sequence[KernelFile], cfg: JudgeConfig) -> None:
-    from edgetune.report import write_atomic
-
     kdir = report / "kernels"
     kdir.mkdir(exist_ok=True)
     for k in kernels:
@@ -739,8 +722,6 @@ def speed_text(s: dict[str, Any] | None) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     """The leaderboard and the per-kernel verdicts as Markdown (every device-given string escaped)."""
-    from edgetune.text import md_text
-
     out = [f"# edgetune judge: `{md_text(doc['op'])}`", ""]
     if doc.get("odd_shape"):
         out.append(f"Correctness also checked at `{md_text(doc['odd_shape'])}` (odd sizes).")

@@ -28,7 +28,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from edgetune.agent.bundle import python_agent
+from edgetune.api import find_candidate, fresh_seed, resolve_model
+from edgetune.candidate import Candidate
+from edgetune.db import Store
+from edgetune.devices.inventory import Inventory
 from edgetune.errors import MissingExtra, UserInputError
+from edgetune.verify import Errors, Fail, check_values
+from edgetune.workload import build_workload, compute_reference, load_model, parse_dims, shape_points
 
 SCHEMA = "edgetune.loadgen/1"
 SCENARIOS = {"singlestream": "SingleStream", "offline": "Offline"}
@@ -54,8 +61,6 @@ def _mlperf_loadgen():
 
 def _agent_backend():
     """The Python agent's OrtBackend: the one mapping from a candidate's params to SessionOptions."""
-    from edgetune.agent.bundle import python_agent
-
     spec = importlib.util.spec_from_file_location("edgetune_agent_for_loadgen", python_agent())
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -128,13 +133,6 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     """Run one stored onnxruntime configuration (or ``config_key='default'``: onnxruntime's default
     SessionOptions) under LoadGen in ``scenario`` (singlestream | offline); the ``edgetune.loadgen/1``
     document. ``queries``/``seconds`` below MLPerf's minimums shorten the run (labelled so)."""
-    from edgetune.api import find_candidate, resolve_model
-    from edgetune.candidate import Candidate
-    from edgetune.db import Store
-    from edgetune.devices.inventory import Inventory
-    from edgetune.verify import check_values, Errors, Fail
-    from edgetune.workload import build_workload, compute_reference, load_model, parse_dims, shape_points
-
     scenario = scenario.lower()
     if scenario not in SCENARIOS:
         raise UserInputError(f"--loadgen {scenario!r}: choose singlestream or offline")
@@ -168,8 +166,6 @@ def run_loadgen(model: str, config_key: str, scenario: str, device: str = "local
     # inputs from a fresh seed (recorded; pass it to replay): never data the configuration was tuned on
     seed_source = "given" if seed is not None else "fresh"
     if seed is None:
-        from edgetune.api import fresh_seed
-
         seed = fresh_seed({0})
     wl = build_workload(m, points[0], n_seeded=samples, seed=seed)
     qsl_sets = wl.input_sets

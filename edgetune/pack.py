@@ -37,8 +37,18 @@ from typing import Any, Sequence
 import numpy as np
 
 import edgetune
+from edgetune.accuracy import AccuracyBudget
+from edgetune.api import fresh_seed, verify_config
+from edgetune.candidate import Candidate
+from edgetune.db import Store
+from edgetune.devices.inventory import Inventory, device_identity
 from edgetune.errors import EdgetuneError, UserInputError
 from edgetune.hashing import sha256_file
+from edgetune.measure import round_ratio
+from edgetune.results import summarize_run
+from edgetune.space import space_of
+from edgetune.tune import DeviceTuner, TuneConfig, run_versions
+from edgetune.workload import build_workload, load_model, load_user_inputs
 
 PACK_SCHEMA = "edgetune.pack/1"
 REPRO_SCHEMA = "edgetune.repro/1"
@@ -142,9 +152,6 @@ def _ratio_fig(r: dict | None) -> tuple[float | None, list[float] | None]:
 
 def pack(run_ids: Sequence[str], out: str | os.PathLike, *, db: str | None = None, no_models: bool = False) -> Path:
     """Write the package of ``run_ids`` to ``out`` (a new directory), atomically."""
-    from edgetune.db import Store
-    from edgetune.results import summarize_run
-
     if not run_ids:
         raise UserInputError("give at least one run id (see 'edgetune db ls')")
     out = check_new_dir(out, "package")
@@ -420,17 +427,6 @@ def _model_file(pkg: Path, entry: dict, work: Path) -> Path:
 def repro_check(pkg: str | os.PathLike, device: str = "local", *, rounds: int = 5, seed: int | None = None,
                 budget_s: float = 30.0, inventory: Any = None) -> dict[str, Any]:
     """Re-run a package on ``device`` (``edgetune repro check``): the JSON document edgetune.repro/1."""
-    from edgetune.api import fresh_seed, verify_config
-    from edgetune.accuracy import AccuracyBudget
-    from edgetune.candidate import Candidate
-    from edgetune.db import Store
-    from edgetune.devices.inventory import Inventory, device_identity
-    from edgetune.measure import round_ratio
-    from edgetune.results import summarize_run
-    from edgetune.space import space_of
-    from edgetune.tune import DeviceTuner, TuneConfig, run_versions
-    from edgetune.workload import build_workload, load_model, load_user_inputs
-
     if rounds < 2:
         raise UserInputError("--rounds must be at least 2 (an interval needs two rounds)")
     d = Path(pkg)

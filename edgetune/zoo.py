@@ -25,7 +25,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from edgetune.candidate import Candidate
+from edgetune.db import Store, device_lease
+from edgetune.devices.inventory import Inventory, home_subdir
 from edgetune.errors import DeviceError, UserInputError
+from edgetune.space import BuildFailed, space_of
+from edgetune.space.litert import SPACE as LITERT
+from edgetune.space.openvino import SPACE as OPENVINO
+from edgetune.space.ort import NOT_FOR_INFERENCE
+from edgetune.space.tvm_relax import SPACE as TVM
+from edgetune.text import md_text
+from edgetune.tune import DeviceTuner, TuneConfig
+from edgetune.verify import verify_job
+from edgetune.workload import build_workload, load_model
 
 SCHEMA = "edgetune.zoo-check/1"
 Event = Callable[[dict[str, Any]], None]
@@ -96,9 +107,6 @@ def _evaluator(model64):
 
 def _runtimes(info, m, entry) -> list[tuple[str, Candidate | None, str]]:
     """(column, candidate or None, why not) for every runtime family on this device."""
-    from edgetune.space.ort import NOT_FOR_INFERENCE
-    from edgetune.space.tvm_relax import SPACE as TVM
-
     out: list[tuple[str, Candidate | None, str]] = []
     if "onnxruntime" in info.runtimes and info.runtimes.get("onnxruntime"):
         out.append(("onnxruntime", Candidate.make("ort", {}, baseline=True), ""))
@@ -107,13 +115,11 @@ def _runtimes(info, m, entry) -> list[tuple[str, Candidate | None, str]]:
                 out.append((f"onnxruntime {ep}", Candidate.make("ort", {"execution_provider": ep}), ""))
     else:
         out.append(("onnxruntime", None, "no onnxruntime on the device"))
-    from edgetune.space.openvino import SPACE as OPENVINO
 
     why_not = OPENVINO.unavailable(m, info)
     # its exact form: OpenVINO's default is bf16 on CPUs with bf16 units, not what an exact check checks
     out.append(("OpenVINO (fp32)", None if why_not else Candidate.make("openvino", {"config": "default", "precision": "fp32"},
                                                                        baseline=True), why_not or ""))
-    from edgetune.space.litert import SPACE as LITERT
 
     # the .tflite form is onnx2tf's conversion, verified on the host before it runs (a conversion
     # that fails or changes the function is this cell's build failure, with its reason)
@@ -137,9 +143,6 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
           progress: Event | None = None) -> dict[str, Any]:
     """The matrix as a JSON document (schema ``edgetune.zoo-check/1``)."""
     import models.zoo as zoo
-    from edgetune.db import Store, device_lease
-    from edgetune.devices.inventory import Inventory, home_subdir
-    from edgetune.tune import DeviceTuner, TuneConfig
 
     emit = progress or (lambda ev: None)
     if size not in zoo.SIZES:
@@ -200,8 +203,6 @@ def check(names: Sequence[str], size: str, devices: Sequence[str], *, inventory=
 
 def _prepare(path: Path, entry, size: str, seed: int):
     """(model, workload, float64 reference, the input sets' float64 references) of one zoo model."""
-    from edgetune.workload import build_workload, load_model
-
     m = load_model(path)
     wl = build_workload(m, entry.dims(size), seed=seed)
     ref = Float64Reference(path)
@@ -213,9 +214,6 @@ def _prepare(path: Path, entry, size: str, seed: int):
 
 
 def _cell(tuner, info, wl, refs, name, size, device, column, cand, why, budget_ms) -> Cell:
-    from edgetune.space import BuildFailed, space_of
-    from edgetune.verify import verify_job
-
     if cand is None:
         return Cell(name, size, device, column, "n/a", why)
     t0 = time.monotonic()
@@ -267,8 +265,6 @@ def cell_text(c: dict[str, Any] | None) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    from edgetune.text import md_text
-
     cols = columns(doc)
     by = {(c["model"], c["device"], c["runtime"]): c for c in doc["cells"]}
     lines = [f"| model ({doc['size']}) | " + " | ".join(md_text(f"{d}: {r}") for d, r in cols) + " |",

@@ -26,7 +26,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+from edgetune.accuracy import AccuracyBudget
+from edgetune.devices.inventory import Inventory, home_subdir
 from edgetune.errors import UserInputError
+from edgetune.space import SPACES, with_approximate
+from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
 
 SCHEMA = "edgetune.zoo-bench/1"
 VISION = ("vision", "detection", "segmentation")
@@ -159,11 +163,7 @@ def bench(names: Sequence[str], size: str = "small", devices: Sequence[str] = ("
     ``edgetune.zoo-bench/1`` document. Bad input raises UserInputError before any device work.
     ``accuracy``: the budget for approximate candidates (``--accuracy`` strings; adds the approximate
     spaces); ``shapes``: ``sweep`` (the family's points) or ``nominal`` (``nominal_points``)."""
-    from edgetune.accuracy import AccuracyBudget
     import models.zoo as zoo
-    from edgetune.devices.inventory import Inventory, home_subdir
-    from edgetune.space import SPACES, with_approximate
-    from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
 
     emit = progress or (lambda ev: None)
     if size not in zoo.SIZES:

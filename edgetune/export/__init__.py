@@ -35,9 +35,19 @@ from typing import Any, Sequence
 import numpy as np
 
 import edgetune
+from edgetune.agent.host import AgentInfo
+from edgetune.build import native
+from edgetune.build.native import HOST_ARCH
+from edgetune.candidate import Candidate
+from edgetune.db import Store
+from edgetune.devices.inventory import home_subdir
 from edgetune.errors import EdgetuneError, ToolchainError, UserInputError
 from edgetune.hashing import sha256_file
 from edgetune.pack import check_new_dir, write_new_dir
+from edgetune.results import summarize_run
+from edgetune.space import BuildFailed, space_of
+from edgetune.verify import tolerance_for
+from edgetune.workload import build_workload, external_data_files, load_model
 
 EXPORT_SCHEMA = "edgetune.export/1"
 CONFIG_SCHEMA = "edgetune.config/1"
@@ -90,9 +100,6 @@ class _Device:
 # ---- reading the runs -----------------------------------------------------------------------------
 
 def _load_runs(run_ids: Sequence[str], db: str | None):
-    from edgetune.db import Store
-    from edgetune.results import summarize_run
-
     if not run_ids:
         raise UserInputError("give at least one run id (see 'edgetune db ls')")
     store = Store(db, create=False) if db else Store(None, create=False)
@@ -171,10 +178,6 @@ def save_ort(src: Path, dst: Path, level: str, custom_ops: Path | None) -> None:
 def _prepared_model(cand: dict[str, Any], dev: _Device, workload, cache: Path) -> tuple[Path, dict[str, Any]]:
     """The model file the candidate ran (a rewritten one for int8, fusions, hybrid kernels) and the
     agent params it ran with, prepared as the tune prepared it."""
-    from edgetune.agent.host import AgentInfo
-    from edgetune.candidate import Candidate
-    from edgetune.space import BuildFailed, space_of
-
     c = Candidate.from_dict(cand["candidate"])
     if c.backend != "ort":  # before any build: a TVM Relax build can take minutes
         raise UserInputError(f"cannot export '{cand['label']}' for {dev.name}: the loaders run onnxruntime "
@@ -235,10 +238,6 @@ def export(run_ids: Sequence[str], target: str, out: str | os.PathLike, *, db: s
 
 def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src: Path, model_sha: str,
            progress) -> dict[str, Any]:
-    from edgetune.build import native
-    from edgetune.verify import tolerance_for
-    from edgetune.workload import build_workload, load_model
-
     lay = layout(target)
     app = tmp / lay["app"]
     (app / "models").mkdir(parents=True, exist_ok=True)
@@ -248,7 +247,6 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
         raise UserInputError(f"{src.name} is a {model.format} model; the export packages onnxruntime configurations "
                              f"(ONNX models) only so far")
     stem = src.stem
-    from edgetune.devices.inventory import home_subdir
 
     cache = home_subdir("artifacts")
     # golden inputs and outputs per shape point, from the first device's seed (any seed is as good:
@@ -316,8 +314,6 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
         if ops_lib:
             # a hybrid: the rewritten model beside its custom-op library and kernels (its companions),
             # all built for the tuned device's ABI; the model stays ONNX next to them
-            from edgetune.workload import external_data_files
-
             d = app / "models" / f"hybrid-{sha256_file(path)[:12]}"
             d.mkdir(exist_ok=True)
             names = list(dict.fromkeys([path.name, *external_data_files(path), ops_lib]))
@@ -434,8 +430,6 @@ def _write(tmp: Path, target: str, abis: list[str], devices: list[_Device], src:
 
 
 def _host_triple(triple: str) -> bool:
-    from edgetune.build.native import HOST_ARCH
-
     return triple.split("-")[0] == HOST_ARCH and "android" not in triple
 
 

@@ -23,8 +23,17 @@ from typing import Any
 
 import numpy as np
 
+from edgetune.accuracy import Accuracy, AccuracyBudget
+from edgetune.agent.host import AgentClient
+from edgetune.build.native import LOADER_CHECK, LOADER_LIB
+from edgetune.db import device_lease
+from edgetune.devices.inventory import Inventory
 from edgetune.errors import DeviceError, UserInputError
 from edgetune.export import ARCH_ABI, load_artifact, match_level
+from edgetune.measure import summarize
+from edgetune.pack import reproduced
+from edgetune.text import device_text
+from edgetune.verify import Tolerance, compare
 
 CHECK_SCHEMA = "edgetune.export-check/1"
 LATENCY_TOLERANCE = 0.05  # a gap within ±5% of the manifest's median is no gap (as repro check)
@@ -45,11 +54,6 @@ def _known(config: dict[str, Any], key: str, fingerprint: dict[str, Any]) -> tup
 
 def export_check(artifact: str, device: str = "local", *, inventory: Any = None, iters: int = 20,
                  budget_ms: float = 1000.0, fallback: bool = False, timeout_s: float = 300.0) -> dict[str, Any]:
-    from edgetune.agent.host import AgentClient
-    from edgetune.build.native import LOADER_CHECK, LOADER_LIB
-    from edgetune.db import device_lease
-    from edgetune.devices.inventory import Inventory
-
     d, manifest, config = load_artifact(artifact)
     spec = (inventory or Inventory()).get(device)
     started = time.monotonic()
@@ -118,9 +122,6 @@ def _shapes_to_check(config: dict[str, Any], dev: dict[str, Any] | None) -> list
 
 def _check_shape(client, app: Path, rdir: str, i: int, shape_key: str, sel: dict | None, config, manifest, dev,
                  level: str | None, info, iters: int, budget_ms: float, timeout_s: float) -> dict[str, Any]:
-    from edgetune.build.native import LOADER_CHECK, LOADER_LIB
-    from edgetune.text import device_text
-
     out_dir = f"{rdir}/out/s{i}"
     client.transport.run(["mkdir", "-p", out_dir], timeout=60)
     argv = [f"{rdir}/bin/{LOADER_CHECK}", "--loader", f"{rdir}/lib/{LOADER_LIB}", "--artifact", f"{rdir}/app",
@@ -196,9 +197,6 @@ def _check_shape(client, app: Path, rdir: str, i: int, shape_key: str, sel: dict
 
 
 def _verify_outputs(client, out_dir: str, app: Path, shape: dict, sel: dict | None) -> dict[str, Any]:
-    from edgetune.accuracy import Accuracy, AccuracyBudget
-    from edgetune.verify import Tolerance, compare
-
     tmp = Path(tempfile.mkdtemp(prefix="edgetune-export-check-"))
     try:
         worst = []
@@ -238,9 +236,6 @@ def _tol_norm(shape: dict, name: str) -> float:
 
 
 def _latency(samples: Any, manifest: dict, info, shape_key: str, dev: dict | None) -> dict[str, Any]:
-    from edgetune.measure import summarize
-    from edgetune.pack import reproduced
-
     if not isinstance(samples, list) or not samples or not all(isinstance(x, int) and x > 0 for x in samples):
         return {"error": "the loader reported no valid timings"}
     sd = summarize(np.asarray(samples, np.float64)).as_dict()

@@ -228,8 +228,6 @@ class PythonTvmMeasure(DeviceMeasure):
     def check(self) -> str:
         """The device's TVM version; UserInputError (one line) when its Python agent has no TVM or its
         TVM cannot reach ``device``."""
-        from edgetune.errors import UserInputError
-
         info = self.client.provision()
         if info.agent != "python":
             raise UserInputError(f"{self.spec.name}: no Python agent (python3 with numpy) for TVM kernels")

@@ -36,12 +36,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+import edgetune
+from edgetune.agent.host import AgentClient, Job, default_workdir
+from edgetune.build.tvm_kernel import resolve_cross_cc
 from edgetune.candidate import Candidate
 from edgetune.db import Record, Store
-from edgetune.kernels.measurement import verify_run
+from edgetune.devices.inventory import DeviceSpec, Inventory, device_identity, edgetune_home
 from edgetune.errors import DeviceError, UserInputError
-from edgetune.kernels.workloads import TensorSpec
-from edgetune.workload import resolve_model
+from edgetune.kernels import device_measure
+from edgetune.kernels.device_measure import DeviceMeasure, PythonTvmMeasure, device_kernel_target
+from edgetune.kernels.measurement import verify_run
+from edgetune.kernels.search import KernelRun, tune_workload
+from edgetune.kernels.targets import TARGETS_DIR, cuda_target_name, device_sm, gpu_peak_gflops, load_target
+from edgetune.kernels.workloads import LAYERNORM_EPS, TensorSpec, extract_onnx_tasks, parse_workload
+from edgetune.measure import round_ratio, summarize
+from edgetune.workload import load_model, parse_dims, resolve_model, shape_points
 
 KernelEvent = Callable[[dict[str, Any]], None]
 
@@ -134,8 +143,6 @@ class KernelSessionOutcome:
 
 
 def parse_ops(specs: Sequence[str]):
-    from edgetune.kernels.workloads import parse_workload
-
     out, seen = [], set()
     for s in specs:
         w = parse_workload(s)
@@ -147,8 +154,6 @@ def parse_ops(specs: Sequence[str]):
 
 def model_input_shapes(model_path: str, dims: Sequence[str]) -> tuple[Any, dict[str, tuple[int, ...]]]:
     """(Model, {input name: static shape}) with --dim bindings (well-known dims defaulted, like tune)."""
-    from edgetune.workload import load_model, parse_dims, shape_points
-
     model = load_model(model_path)
     if model.format != "onnx":
         raise UserInputError(f"{model.path.name}: kernel tuning takes ONNX models (TVM Relax import)")
@@ -357,8 +362,6 @@ def op_onnx_model(w, constants: Mapping[int, np.ndarray] | None = None, half_out
     elif op == "softmax":
         nodes.append(helper.make_node("Softmax", [a], [y], axis=-1))
     elif op == "layernorm":
-        from edgetune.kernels.workloads import LAYERNORM_EPS
-
         nodes.append(helper.make_node("LayerNormalization", [s.name for s in ins], [y], axis=-1,
                                       epsilon=LAYERNORM_EPS))
     elif op == "attention":
@@ -647,8 +650,6 @@ def _form_params(w) -> dict[str, Any] | None:
         return None
     params = w.params()
     if op == "layernorm":
-        from edgetune.kernels.workloads import LAYERNORM_EPS
-
         params["eps"] = LAYERNORM_EPS
     return params
 
@@ -859,9 +860,6 @@ def baseline_forms(w, weights: Mapping[int, np.ndarray], workdir: Path,
 def _python_agent(spec, transport, num_threads: int) -> tuple[Any, Any, str]:
     """(client, info, "") on the device's Python agent (own work dir, sharing the kernel agent's
     connection), or (None, None, why not)."""
-    from edgetune.agent.host import AgentClient, default_workdir
-    from edgetune.devices.inventory import DeviceSpec
-
     if spec.options.get("native"):
         return None, None, "the device is configured native-only (no Python agent)"
     base = default_workdir(spec)
@@ -896,11 +894,6 @@ def check_kernel_run(run, workload, inputs, reference, *, peak_gflops=None, timi
 
 
 def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) -> KernelSessionOutcome:
-    from edgetune import __version__
-    from edgetune.devices.inventory import Inventory, device_identity, edgetune_home
-    from edgetune.kernels.device_measure import DeviceMeasure, device_kernel_target
-    from edgetune.kernels.search import tune_workload
-
     emit = progress or (lambda ev: None)
     if cfg.trials < 0:
         raise UserInputError(f"--trials must be >= 0, got {cfg.trials}")
@@ -934,14 +927,10 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
             target = dict(kt.tvm_target)
             cross_cc = kt.cross_cc if kt.arch != "x86_64" else None
             if cross_cc:
-                from edgetune.build.tvm_kernel import resolve_cross_cc
-
                 resolve_cross_cc(target, cross_cc)  # ToolchainError (one line) before any tuning
             peak = None if probe.emulated else kt.fp32_peak_gflops()
             peak_bound = kt.clock_is_bound
         if model is not None:
-            from edgetune.kernels.workloads import extract_onnx_tasks
-
             workloads = extract_onnx_tasks(model.path, shapes, target)
             workloads.sort(key=lambda t: -t.flops() * t.weight)
             if cfg.max_tasks:
@@ -957,7 +946,8 @@ def tune_kernels(cfg: KernelSessionConfig, progress: KernelEvent | None = None) 
         import tvm
 
         bdev = baseline_device(cfg, spec, measure, info, workloads)
-        versions = {"edgetune": __version__, "agent": f"{info.agent} {info.agent_version}", "tvm": tvm.__version__,
+        versions = {"edgetune": edgetune.__version__, "agent": f"{info.agent} {info.agent_version}",
+                    "tvm": tvm.__version__,
                     "device_runtimes": {k: v for k, v in sorted(info.runtimes.items()) if not isinstance(v, list)}}
         if bdev.python_info is not None:
             versions["python_agent_runtimes"] = {k: v for k, v in sorted(bdev.python_info.runtimes.items())
@@ -1006,9 +996,6 @@ def _gpu_target(cfg, spec, info):
     agent reports (nvidia-smi), its tensor-core peak, and the device's Python agent running the
     kernels through the device's TVM runtime (``PythonTvmMeasure``: the whole agent protocol). One
     line, before any tuning, for what cannot be served."""
-    from edgetune.kernels.device_measure import PythonTvmMeasure
-    from edgetune.kernels.targets import TARGETS_DIR, cuda_target_name, device_sm, gpu_peak_gflops, load_target
-
     sm = device_sm(info.fingerprint)
     if sm is None:
         raise UserInputError(f"--gpu: {spec.name} reports no NVIDIA GPU (nvidia-smi)")
@@ -1061,10 +1048,6 @@ def _name(w) -> str:
 
 def run_baseline_form(form: BaselineForm, form_inputs: list[np.ndarray], measure, dev: BaselineDevice, cfg):
     """Run one baseline form on its agent: (JobResult or None, KernelRun in the form's terms)."""
-    from edgetune.agent.host import Job
-    from edgetune.kernels.device_measure import job_to_kernel_run
-    from edgetune.kernels.search import KernelRun
-
     view = form.view
     # a torch.compile form compiles when its job loads (max-autotune on a GPU: minutes for a big
     # GEMM the first time, then from the agent's cache); that is not a hang, and never timed
@@ -1080,7 +1063,8 @@ def run_baseline_form(form: BaselineForm, form_inputs: list[np.ndarray], measure
             jr = dev.python.run_job(job)
         except DeviceError as exc:
             return None, KernelRun("error", f"Python agent: {exc}")
-    return jr, job_to_kernel_run(jr, form_inputs, view.outputs)
+    # device_measure.job_to_kernel_run looked up per call (the baseline tests substitute it)
+    return jr, device_measure.job_to_kernel_run(jr, form_inputs, view.outputs)
 
 
 def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice, cfg, fp_key, versions, target,
@@ -1088,8 +1072,6 @@ def _finish_workload(store, run_id, w, name, out, measure, bdev: BaselineDevice,
     """The final rounds: the selected kernel and every baseline form, interleaved with a rotating
     order, fresh activations per round (fixed weights), every run verified and recorded; the verdict
     against the strongest verified form (lowest median over the rounds) by ``round_ratio``."""
-    from edgetune.measure import round_ratio, summarize
-
     failures: dict[str, int] = {}
     for r in out.records:
         if r.status != "ok":

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from edgetune.errors import ModelError, UserInputError
+from edgetune.errors import MissingExtra, ModelError, UserInputError
 
 if TYPE_CHECKING:  # pragma: no cover
     import tvm
@@ -1352,8 +1352,6 @@ def load_onnx_relax(onnx_path: str | Path, input_shapes: Mapping[str, Sequence[i
     try:
         import onnx
     except ImportError as exc:  # pragma: no cover
-        from edgetune.errors import MissingExtra
-
         raise MissingExtra("ONNX import", "tvm") from exc
     from tvm.relax.frontend.onnx import from_onnx
 

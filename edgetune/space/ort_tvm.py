@@ -46,10 +46,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import edgetune
 from edgetune.agent.host import AgentInfo
+from edgetune.build.native import build_ortop
 from edgetune.candidate import REWRITE_KEYS, Candidate
-from edgetune.errors import EdgetuneError
+from edgetune.errors import EdgetuneError, ToolchainError
+from edgetune.hashing import sha256_file
+from edgetune.kernels.session import KernelSessionConfig, tune_kernels
+from edgetune.kernels.workloads import DepthwiseConvFused
 from edgetune.space import BuildFailed, Prepared
+from edgetune.space.tvm_relax import device_target, tvm_on_host
 from edgetune.workload import Model, Workload, known_shapes
 
 DOMAIN = "ai.edgetune"
@@ -93,8 +99,6 @@ def depthwise_sites(model_path: Path, input_shapes: dict[str, tuple[int, ...]]) 
     """Every depthwise Conv of the model the hybrid can run, at these input shapes."""
     import onnx
     from onnx import numpy_helper
-
-    from edgetune.kernels.workloads import DepthwiseConvFused
 
     m = onnx.load(str(model_path), load_external_data=False)
     try:
@@ -235,8 +239,7 @@ class OrtTvmSpace:
         self._sessions: dict[str, dict[str, Any]] = {}  # kernel-session outcome per (model, shapes, device, trials)
 
     def available(self, model: Model, info: AgentInfo) -> bool:
-        from edgetune.space.tvm_relax import tvm_on_host  # the host compiles the kernels
-
+        # tvm_on_host: the host compiles the kernels
         return model.format == "onnx" and "onnxruntime" in info.runtimes and tvm_on_host()
 
     def candidates(self, model: Model, info: AgentInfo, trials: int = 0) -> list[Candidate]:
@@ -249,15 +252,11 @@ class OrtTvmSpace:
               progress: Callable[[dict[str, Any]], None] | None, db: str | None) -> dict[str, Any]:
         """{workload key: {"artifact", "verified", "verdict", "speedup", "ci95", "median_ns", "baseline_ns"}},
         from a kernel-tuning session on the device; cached on disk by model, shapes, device and trials."""
-        from edgetune.kernels.session import KernelSessionConfig, tune_kernels
-
         specs = sorted({s.workload.spec() for s in sites})
         import tvm
 
-        from edgetune import __version__
-
         # the verdicts hold for these runtimes: another onnxruntime, TVM or edgetune tunes again
-        versions = [__version__, tvm.__version__, str(info.runtimes.get("onnxruntime")), info.agent_version]
+        versions = [edgetune.__version__, tvm.__version__, str(info.runtimes.get("onnxruntime")), info.agent_version]
         key = hashlib.sha256(json.dumps([workload.model.sha256, specs, info.fingerprint_key, trials, versions]
                                         ).encode()).hexdigest()[:20]
         if key in self._sessions:
@@ -304,11 +303,6 @@ class OrtTvmSpace:
     # ---- the artifact -------------------------------------------------------------------
     def prepare(self, cand: Candidate, workload: Workload, info: AgentInfo, cache_dir: Path,
                 spec=None, progress=None, db: str | None = None) -> Prepared:
-        from edgetune.build.native import build_ortop
-        from edgetune.errors import ToolchainError
-        from edgetune.hashing import sha256_file
-        from edgetune.space.tvm_relax import device_target
-
         p = cand.param_dict
         variant, trials = str(p.get("hybrid")), int(p.get("kernel_trials", 0))
         if variant not in VARIANTS or trials <= 0:

@@ -24,8 +24,8 @@ from edgetune.candidate import Candidate
 from edgetune.db import RecordRow, Store
 from edgetune.errors import UserInputError
 from edgetune.measure import MIN_VERDICT_ROUNDS, Ratio, Stats, summarize_rounds
-from edgetune.select import (SEQUENTIAL, Confirmation, RaceRatio, confirm_index, confirmed_ratio, is_confirmation, race_field,
-                             race_ratio, replay, selected, stored_round)
+from edgetune.select import (SEQUENTIAL, Confirmation, RaceRatio, both_verdict, confirm_index, confirmed_ratio,
+                             is_confirmation, race_field, race_ratio, replay, selected, stored_round, strongest_baseline)
 
 REPORT_SCHEMA = "edgetune.report/1"
 
@@ -83,12 +83,19 @@ class ConfirmationSummary:
     (below MIN_VERDICT_ROUNDS their verdict says "insufficient rounds")."""
 
     state: Confirmation
-    vs_best_baseline: Ratio | None  # contender vs strongest baseline
+    vs_best_baseline: Ratio | None  # contender vs the race's strongest baseline (state.baseline)
     vs_default: Ratio | None  # contender vs the runtime default
+    # the baseline a selection falls back to (select.strongest_baseline) and, when the race's
+    # strongest is another runtime's default, its ratio to the onnxruntime default that decided it
+    strongest: str | None = None
+    baseline_vs_default: Ratio | None = None
 
     @property
     def verdict(self) -> str | None:
-        return self.vs_best_baseline.verdict if self.vs_best_baseline else None
+        """"faster" only when faster than each runtime default it ran beside (select.both_verdict)."""
+        st = self.state
+        beside_default = st.default is not None and st.default not in (st.contender, st.baseline)
+        return both_verdict(self.vs_best_baseline, self.vs_default if beside_default else None)
 
     def as_dict(self) -> dict[str, Any]:
         st = self.state
@@ -97,7 +104,8 @@ class ConfirmationSummary:
                 "complete": st.next_round is None,
                 "disqualified": [{"key": d.key, "round": d.round, "reason": d.reason} for d in st.disqualified],
                 "verdict": self.verdict, "speedup_vs_best_baseline": _ratio_dict(self.vs_best_baseline),
-                "speedup_vs_default": _ratio_dict(self.vs_default)}
+                "speedup_vs_default": _ratio_dict(self.vs_default), "strongest_baseline": self.strongest,
+                "baseline_vs_default": _ratio_dict(self.baseline_vs_default)}
 
 
 @dataclass
@@ -270,7 +278,8 @@ def _summarize_shape(rows: list[RecordRow], confirm_target: int | None, sequenti
     fld = race_field(rows)
     conf = replay(rows, confirm_target, sequential=sequential)
     cands = {key: _candidate(key, recs, conf) for key, recs in by_cand.items()}
-    default, base = conf.default, conf.baseline
+    default = conf.default
+    base, base_vs_default = strongest_baseline(rows, conf)
     for key, c in cands.items():
         if c.status != "verified" or c.stats is None:
             continue
@@ -278,9 +287,10 @@ def _summarize_shape(rows: list[RecordRow], confirm_target: int | None, sequenti
         c.race_vs_best_baseline = race_ratio(rows, base, key)
         c.vs_default = _claim(confirmed_ratio(rows, conf, default, key))
         c.vs_best_baseline = _claim(confirmed_ratio(rows, conf, base, key))
-    summary = ConfirmationSummary(conf, confirmed_ratio(rows, conf, base, conf.contender),
-                                  confirmed_ratio(rows, conf, default, conf.contender)) if conf.contender else None
-    best = selected(fld, conf, summary.verdict if summary else None)
+    summary = ConfirmationSummary(conf, confirmed_ratio(rows, conf, conf.baseline, conf.contender),
+                                  confirmed_ratio(rows, conf, default, conf.contender), base,
+                                  base_vs_default) if conf.contender else None
+    best = selected(fld, conf, summary.verdict if summary else None, base)
     order = {"confirmed": 0, "final": 1, "screened": 2}
     ranked = sorted(cands.values(), key=lambda c: (c.status != "verified", order[c.phase],
                                                    c.stats.median_ns if c.stats else float("inf"), c.candidate.label()))

@@ -3,8 +3,12 @@
 The race (round 0 screens every candidate, rounds 1..R race the finalists) only *selects*:
   - the winner: the fastest verified non-baseline candidate by race-round medians;
   - the strongest baseline: the fastest verified baseline candidate (every runtime default the
-    spaces mark ``baseline=True``: onnxruntime's, TFLite's, ...);
+    spaces mark ``baseline=True``: onnxruntime's, OpenVINO's, LiteRT's, ...);
   - the default: onnxruntime's default (TFLite's for a .tflite model), what "vs default" refers to.
+A few race rounds can rank two near-equal runtime defaults either way, so another runtime's default
+replaces onnxruntime's as the one a selection falls back to only when the confirmation rounds, which
+run both, confirm it faster (strongest_baseline); a contender is "faster" only when faster than both
+(both_verdict). With no contender, the other runtimes' defaults are confirmed against onnxruntime's.
 Choosing the minimum of many and judging it on the same rounds is the winner's curse, so the
 winner is then *confirmed*: fresh interleaved rounds of the winner, the strongest baseline and (when
 it is neither) the default, each job a new agent process, each round on new inputs (the shape's
@@ -196,6 +200,10 @@ def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False,
     field = race_field(rows)
     stored = _confirm_records(rows)
     contenders, baselines, default = list(field.contenders), list(field.baselines), field.default
+    if not contenders and default is not None and len(baselines) > 1:
+        # only runtime defaults verified: the others are confirmed against the onnxruntime default
+        # like any contender (one of them is selected only when confirmed faster than it)
+        contenders, baselines = [b for b in baselines if b != default], [default]
     counted: list[int] = []
     out: list[Disqualified] = []
     ended: list[Ended] = []
@@ -234,18 +242,58 @@ def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False,
         n = len(counted)
         if target is None or (n not in planned and n < target):
             continue
-        r = _pair_ratio(stored, contenders[0], baselines[0], counted, state(None).level)
-        if r.verdict == "faster":
+        st = state(None)
+        r = _pair_ratio(stored, contenders[0], baselines[0], counted, st.level)
+        rd = (_pair_ratio(stored, contenders[0], st.default, counted, st.level)
+              if st.default is not None and st.default not in (contenders[0], baselines[0]) else None)
+        verdict = both_verdict(r, rd)
+        if verdict == "faster":
             return state(None, decided=True)
-        if r.verdict == "slower" or n >= target:  # this contender is done: the runner-up's turn, if any
+        if verdict == "slower" or n >= target:  # this contender is done: the runner-up's turn, if any
             runs_next = len(contenders) > 1 and (extend or any(
                 key in (contenders[1], baselines[0]) and kk == k for key, kk in stored))
             if len(ended) + 1 >= len(shares) or not runs_next:
-                return state(None, decided=r.verdict == "slower")
-            ended.append(Ended(contenders[0], tuple(counted), r.verdict, r.level))
+                return state(None, decided=verdict == "slower")
+            ended.append(Ended(contenders[0], tuple(counted), verdict, r.level))
             contenders = contenders[1:]
             counted = []
     return state(None)
+
+
+def both_verdict(vs_baseline: Ratio | None, vs_default: Ratio | None) -> str | None:
+    """The contender's verdict when it ran beside two runtime defaults (the race's strongest
+    baseline and, when that is another runtime's, the onnxruntime default): "faster" only when
+    faster than both (an intersection-union test: each at the look's level keeps the false "faster"
+    rate at that level), "slower" when slower than either, else the first's."""
+    if vs_baseline is None or vs_default is None:
+        return vs_baseline.verdict if vs_baseline is not None else None
+    verdicts = (vs_baseline.verdict, vs_default.verdict)
+    if verdicts == ("faster", "faster"):
+        return "faster"
+    if "slower" in verdicts:
+        return "slower"
+    if "insufficient rounds" in verdicts:
+        return "insufficient rounds"
+    return "no significant difference"
+
+
+def strongest_baseline(rows: Sequence[RecordRow], conf: Confirmation) -> tuple[str | None, Ratio | None]:
+    """The baseline a selection falls back to, with the ratio it was decided by. The race picks the
+    fastest verified runtime default (``conf.baseline``) from a few rounds; when that is another
+    runtime's than the onnxruntime default (``conf.default``), it is the strongest only when the
+    confirmation rounds, which run both side by side on new inputs, confirm it faster than the
+    default (95% t interval over every confirmation round both ran verified); otherwise the default
+    stays: a runtime switch a user would make by hand is recommended only on evidence."""
+    b, d = conf.baseline, conf.default
+    if b is None or d is None or b == d:
+        return (b or d), None
+    stored = _confirm_records(rows)
+    ks = sorted(k for (key, k), r in stored.items() if key == b and r.status == "verified"
+                and (d, k) in stored and stored[(d, k)].status == "verified")
+    if not ks:
+        return d, None
+    r = _pair_ratio(stored, b, d, ks, 0.95)
+    return (b if r.verdict == "faster" else d), r
 
 
 def _pair_ratio(stored: Mapping[tuple[str, int], RecordRow], cand: str, ref: str, rounds: Sequence[int],
@@ -263,13 +311,15 @@ def confirmed_ratio(rows: Sequence[RecordRow], conf: Confirmation, ref: str | No
     return _pair_ratio(_confirm_records(rows), cand, ref, conf.rounds, conf.level)
 
 
-def selected(field: RaceField, conf: Confirmation, verdict: str | None) -> str | None:
+def selected(field: RaceField, conf: Confirmation, verdict: str | None, strongest: str | None = None) -> str | None:
     """The configuration edgetune recommends. The contender only when its confirmation says "faster"
-    than the strongest baseline; otherwise the strongest baseline (a runtime default is the better
-    choice when no win is shown); with no verified baseline to compare with, the contender."""
+    than the runtime defaults it ran beside (both_verdict); otherwise the strongest baseline
+    (strongest_baseline: a runtime default is the better choice when no win is shown); with no
+    verified baseline to compare with, the contender."""
+    strongest = strongest or conf.baseline
     if conf.contender is not None and conf.baseline is not None:
-        return conf.contender if verdict == "faster" else conf.baseline
-    return conf.baseline or (field.contenders[0] if field.contenders else None)
+        return conf.contender if verdict == "faster" else strongest
+    return strongest or (field.contenders[0] if field.contenders else None)
 
 
 # ---- descriptive race figures -----------------------------------------------------------------

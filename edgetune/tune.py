@@ -33,15 +33,17 @@ from edgetune.errors import AuthError, DeviceError, EdgetuneError, HostKeyMismat
 from edgetune.hostwork import HostWork
 from edgetune.kernels.device_measure import device_peaks
 from edgetune.kernels.targets import gpu_peak_gflops
-from edgetune.results import RunSummary, summarize_run
 from edgetune.measure import looks
+from edgetune.report import report_dict
+from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, SEQUENTIAL, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
 from edgetune.space import APPROXIMATE_SPACES, BuildFailed, Prepared, load_space
 from edgetune.space.openvino import check_precision
 from edgetune.space.ort_gpu import GPU_PROVIDERS
 from edgetune.text import device_text
 from edgetune.verify import Verdict, verify_job
-from edgetune.workload import Deadline, Model, Workload, build_workload, load_model, shape_points
+from edgetune.workload import (Deadline, Model, Workload, build_workload, load_model, load_user_inputs, parse_dims,
+                               parse_sweeps, shape_points)
 
 ProgressFn = Callable[[dict[str, Any]], None]
 MAX_LOAD_SCALE = 8.0  # a job's time limit grows with the device's load up to this factor
@@ -110,8 +112,6 @@ class TuneOutcome:
     devices: list[DeviceOutcome]
 
     def as_dict(self) -> dict[str, Any]:
-        from edgetune.report import report_dict
-
         return report_dict(self)
 
 
@@ -396,7 +396,8 @@ class DeviceTuner:
         finalists = base + others[: self.cfg.finalists]
         # confirmation jobs are planned from the start so the race leaves them their share of the time
         # (the rounds to the second look: what a clear effect needs, sequential_plan)
-        confirm_jobs = sequential_plan(self.cfg.confirm_rounds) * min(3, len(base) + 1) if others else 0
+        confirm_jobs = (sequential_plan(self.cfg.confirm_rounds) * min(3, len(base) + 1)
+                        if others or len(base) > 1 else 0)
         for rnd in range(1, self.cfg.rounds + 1):
             remaining_rounds = self.cfg.rounds - rnd + 1
             budget = per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
@@ -662,8 +663,6 @@ def tune(model_path: str | os.PathLike, devices: Sequence[str] = ("local"), *, d
     a product of dims), instead of the ones ``dims`` and ``sweeps`` span.
     ``join``: a run recorded in ``db`` (another host's, say) to measure on these devices too: its
     settings and shape points are the run's; each device claims the points nobody measures yet."""
-    from edgetune.workload import load_user_inputs, parse_dims, parse_sweeps
-
     cfg = config or TuneConfig()
     if isinstance(devices, str):
         devices = [devices]

@@ -84,8 +84,13 @@ def families(shape: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _ratio_text(sp: dict[str, Any], what: str = "confirmation rounds") -> str:
+    level = f"{100 * sp.get('level', 0.95):.1f}% interval" if sp.get("level", 0.95) != 0.95 else "95% interval"
+    return f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}], {level}, over {sp['rounds']} {what}"
+
+
 def verdict_line(shape: dict[str, Any]) -> str:
-    """The selection and the confirmation it rests on, naming the baseline it was judged against."""
+    """The selection and the confirmation it rests on, naming the baselines it was judged against."""
     by = {c["candidate"]["key"]: c for c in shape["candidates"]}
     best = by.get(shape["best"])
     if best is None:
@@ -96,20 +101,33 @@ def verdict_line(shape: dict[str, Any]) -> str:
     sp = conf.get("speedup_vs_best_baseline")
     if contender is None or base is None or sp is None:
         return f"selected {best['label']} (no contender was confirmed against a baseline)"
-    level = f"{100 * sp.get('level', 0.95):.1f}% interval" if sp.get("level", 0.95) != 0.95 else "95% interval"
     meds = ""
     if contender.get("confirm_stats") and base.get("confirm_stats"):
         meds = (f"; confirmation medians {contender['confirm_stats']['median_ms']:.4g} ms vs "
                 f"{base['confirm_stats']['median_ms']:.4g} ms")
-    fig = (f"{sp['speedup']:.2f}× [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}], {level}, over {sp['rounds']} "
-           f"confirmation rounds{meds}")
+    fig = _ratio_text(sp) + meds
     if sp["verdict"] == "no significant difference" and sp.get("detectable"):
         fig += f"; these rounds could have detected {sp['detectable']:.2f}× or more"
-    if sp["verdict"] == "faster":
-        return f"selected {contender['label']}: confirmed faster than the strongest baseline, {base['label']}, {fig}"
-    said = {"slower": "was confirmed slower than it", "no significant difference": "showed no significant difference "
-            "from it", "insufficient rounds": "had too few confirmation rounds for a verdict"}.get(sp["verdict"], sp["verdict"])
-    return f"selected the strongest baseline, {base['label']}: the race's winner {contender['label']} {said} ({fig})"
+    default = by.get(conf.get("default"))
+    sd = conf.get("speedup_vs_default")
+    beside = default is not None and default is not contender and default is not base and sd is not None
+    if conf.get("verdict") == "faster":
+        line = f"selected {contender['label']}: confirmed faster than the strongest baseline, {base['label']}, {fig}"
+        return line + (f", and than {default['label']}, {_ratio_text(sd)}" if beside else "")
+    strongest = by.get(conf.get("strongest_baseline")) or base
+    it = "it" if strongest is base else base["label"]
+    said = {"slower": f"was confirmed slower than {it}", "no significant difference": "showed no significant "
+            f"difference from {it}", "insufficient rounds": "had too few confirmation rounds for a verdict"}.get(
+                sp["verdict"], sp["verdict"])
+    if sp["verdict"] == "faster" and beside:  # faster than the race's strongest, not than the default
+        said = f"was faster than {it} but not confirmed faster than {default['label']} ({_ratio_text(sd)})"
+    line = f"selected the strongest baseline, {strongest['label']}: the race's winner {contender['label']} {said} ({fig})"
+    bd = conf.get("baseline_vs_default")
+    if bd and default is not None and base is not default:
+        line += (f"; the race's fastest runtime default, {base['label']}, was "
+                 f"{'confirmed' if bd['verdict'] == 'faster' else 'not confirmed'} faster than "
+                 f"{default['label']} ({_ratio_text(bd)})")
+    return line
 
 
 def compare_devices(runs: Iterable[RunSummary]) -> list[dict[str, Any]]:

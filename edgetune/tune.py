@@ -141,13 +141,6 @@ def cap_candidates(cands: list[Candidate], n: int) -> list[Candidate]:
     return base + [c for c in rest if c in keep]  # the space's order
 
 
-def sequential_plan(cap: int) -> int:
-    """The confirmation rounds planned for in time budgets: up to the second look (a clear effect
-    stops there), all of them when there is one look."""
-    lk = looks(cap) if cap else (0,)
-    return lk[1] if len(lk) > 1 else lk[0]
-
-
 def run_versions(info: AgentInfo) -> dict[str, Any]:
     import onnxruntime
 
@@ -394,10 +387,10 @@ class DeviceTuner:
         base = [k for k in ok if k in by_key and by_key[k][0].baseline]
         others = sorted((k for k in ok if k in by_key and not by_key[k][0].baseline), key=lambda k: ok[k])
         finalists = base + others[: self.cfg.finalists]
-        # confirmation jobs are planned from the start so the race leaves them their share of the time
-        # (the rounds to the second look: what a clear effect needs, sequential_plan)
-        confirm_jobs = (sequential_plan(self.cfg.confirm_rounds) * min(3, len(base) + 1)
-                        if others or len(base) > 1 else 0)
+        # confirmation jobs are planned from the start so the race leaves them their share of the time:
+        # every round up to the cap, since a real win of 1.2x on a noisy device needs the later looks
+        # (a tune that stops at an earlier look just ends sooner)
+        confirm_jobs = (self.cfg.confirm_rounds * min(3, len(base) + 1) if others or len(base) > 1 else 0)
         for rnd in range(1, self.cfg.rounds + 1):
             remaining_rounds = self.cfg.rounds - rnd + 1
             budget = per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
@@ -430,7 +423,10 @@ class DeviceTuner:
             for k, order in todo:
                 seed = confirm_seed(self.cfg.seed, k)
                 cwl = confirm_workload(wl, seed)
-                plan = max(sequential_plan(self.cfg.confirm_rounds), len(conf.rounds) + 1)
+                # timing planned over the rounds left to the cap: more, shorter jobs. A round's
+                # ratio carries the noise between processes, which only more rounds reduce; a
+                # job's samples past a few dozen add little (docs/results/power.md)
+                plan = max(self.cfg.confirm_rounds, len(conf.rounds) + 1)
                 left = max(1, plan - len(conf.rounds)) * len(order)
                 budget = per_job_budget(left, 1.0, 30.0, 2000.0)
                 for key in order:

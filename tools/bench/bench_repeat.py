@@ -56,8 +56,10 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return low, high
 
 
-def one_run(model: str, args: list[str], home: Path, out: Path) -> dict:
+def one_run(model: str, args: list[str], home: Path, out: Path, code: str | None = None) -> dict:
     env = dict(os.environ, EDGETUNE_HOME=str(home))
+    if code:  # another checkout's edgetune (PYTHONPATH comes before the installed one)
+        env["PYTHONPATH"] = code
     t0 = time.monotonic()
     p = subprocess.run([str(EDGETUNE), "tune", model, *args, "--fresh", "--report-dir", str(out)],
                        env=env, capture_output=True, text=True)
@@ -75,11 +77,12 @@ def one_run(model: str, args: list[str], home: Path, out: Path) -> dict:
             best = cands.get(shape.get("best"))
             conf = shape.get("confirmation") or {}
             sp = conf.get("speedup_vs_default") if conf.get("contender") == shape.get("best") else None
+            cr = conf.get("speedup_vs_best_baseline")  # the contender's, whatever its verdict
             rows.append({"shape": shape["shape"], "selected": best["label"] if best else None,
                          "selected_is_default": shape.get("best") == shape.get("default"),
                          "contender": cands[conf["contender"]]["label"] if conf.get("contender") in cands else None,
                          "verdict": conf.get("verdict"), "rounds": len(conf.get("rounds") or []),
-                         "vs_default": sp})
+                         "vs_default": sp, "contender_ratio": cr})
     return {"ok": True, "wall_s": wall, "shapes": rows}
 
 
@@ -88,10 +91,13 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--code", default="", help="comma-separated checkouts whose edgetune the runs alternate "
+                    "between (A B A B ...), for a side-by-side comparison of two versions; default: this one")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])  # after --: the tune's own arguments
     args = argv[cut + 1:]
+    codes = [str(Path(c).resolve()) for c in a.code.split(",") if c] or [str(ROOT)]
     runs = []
     with tempfile.TemporaryDirectory(prefix="edgetune-repeat-") as tmp:
         warm = Path(tmp) / "warm-home"
@@ -103,34 +109,40 @@ def main() -> int:
         for i in range(a.runs):
             home = Path(tmp) / f"home{i}"
             shutil.copytree(warm, home, symlinks=True, ignore=shutil.ignore_patterns("*.db", "*.db-*"))
-            r = one_run(a.model, args, home, Path(tmp) / f"out{i}")
+            code = codes[i % len(codes)]
+            r = one_run(a.model, args, home, Path(tmp) / f"out{i}", code)
+            r["code"] = code
             runs.append(r)
             shapes = r.get("shapes") or [{}]
             s = shapes[0]
-            vs = s.get("vs_default") or {}
-            print(f"run {i + 1}/{a.runs}: {s.get('selected') if r['ok'] else 'failed: ' + r['error']}"
+            vs = s.get("contender_ratio") or {}
+            print(f"run {i + 1}/{a.runs} ({Path(code).name}): {s.get('selected') if r['ok'] else 'failed: ' + r['error']}"
                   f" ({s.get('verdict')}, {s.get('rounds')} rounds"
-                  + (f", {vs['speedup']:.2f}x [{vs['ci95'][0]:.2f}, {vs['ci95'][1]:.2f}] vs default" if vs else "")
+                  + (f", the contender {s.get('contender')} {vs['speedup']:.2f}x [{vs['ci95'][0]:.2f}, {vs['ci95'][1]:.2f}]"
+                     f" at {100 * vs.get('level', 0.95):.1f}% vs the strongest baseline" if vs else "")
                   + f"), {r['wall_s']:.0f} s", file=sys.stderr, flush=True)
             shutil.rmtree(home, ignore_errors=True)
     print(f"\n`edgetune tune {a.model} {' '.join(args)} --fresh`, {a.runs} runs; machine: {platform.machine()}, "
           f"{os.cpu_count()} CPUs, load average at the end {os.getloadavg()[0]:.2f}\n")
-    print("| shape | selected | runs [95% CI] | confirmed verdicts of the contender | median vs default (when selected) |")
-    print("|---|---|---|---|---|")
-    by_shape: dict[str, list[dict]] = collections.defaultdict(list)
+    print("| code | shape | selected | runs [95% CI] | verdicts of the contender | median rounds | median vs default (when selected) |")
+    print("|---|---|---|---|---|---|---|")
+    by_shape: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
+    n_runs = collections.Counter(r["code"] for r in runs)
     for r in runs:
         for s in r.get("shapes") or []:
-            by_shape[json.dumps(s["shape"], sort_keys=True)].append(s)
+            by_shape[(r["code"], json.dumps(s["shape"], sort_keys=True))].append(s)
     failed = sum(1 for r in runs if not r["ok"])
-    for shape, rows in by_shape.items():
+    for (code, shape), rows in by_shape.items():
+        n = n_runs[code]
         counts = collections.Counter(s["selected"] for s in rows)
         verdicts = collections.Counter(s["verdict"] for s in rows)
+        rounds = sorted(s["rounds"] for s in rows)
         for label, k in counts.most_common():
-            lo, hi = clopper_pearson(k, a.runs)
+            lo, hi = clopper_pearson(k, n)
             sps = sorted(s["vs_default"]["speedup"] for s in rows if s["selected"] == label and s["vs_default"])
             med = f"{sps[len(sps) // 2]:.2f}×" if sps else "—"
-            print(f"| {shape} | {label} | {k}/{a.runs} = {100 * k / a.runs:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] | "
-                  f"{', '.join(f'{v}: {n}' for v, n in verdicts.items())} | {med} |")
+            print(f"| {Path(code).name} | {shape} | {label} | {k}/{n} = {100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] | "
+                  f"{', '.join(f'{v}: {c}' for v, c in verdicts.items())} | {rounds[len(rounds) // 2]} | {med} |")
     if failed:
         print(f"\n{failed} run(s) failed: " + "; ".join(r["error"] for r in runs if not r["ok"]))
     if a.json_out:

@@ -93,9 +93,7 @@ class ConfirmationSummary:
     @property
     def verdict(self) -> str | None:
         """"faster" only when faster than each runtime default it ran beside (select.both_verdict)."""
-        st = self.state
-        beside_default = st.default is not None and st.default not in (st.contender, st.baseline)
-        return both_verdict(self.vs_best_baseline, self.vs_default if beside_default else None)
+        return both_verdict(self.vs_best_baseline, self.vs_default if self.state.default_beside else None)
 
     def as_dict(self) -> dict[str, Any]:
         st = self.state

@@ -154,10 +154,15 @@ class Confirmation:
     cap: int | None = None  # rounds at most per contender (None: a run that predates sequential looks)
 
     @property
+    def default_beside(self) -> str | None:
+        """The onnxruntime default when it runs as a third participant (neither contender nor baseline)."""
+        return self.default if self.default not in (self.contender, self.baseline) else None
+
+    @property
     def participants(self) -> tuple[str, ...]:
         if self.contender is None or self.baseline is None:
             return ()
-        extra = (self.default,) if self.default not in (None, self.contender, self.baseline) else ()
+        extra = (self.default_beside,) if self.default_beside is not None else ()
         return (self.contender, self.baseline) + extra  # type: ignore[return-value]
 
     def order(self, k: int) -> tuple[str, ...]:
@@ -244,8 +249,7 @@ def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False,
             continue
         st = state(None)
         r = _pair_ratio(stored, contenders[0], baselines[0], counted, st.level)
-        rd = (_pair_ratio(stored, contenders[0], st.default, counted, st.level)
-              if st.default is not None and st.default not in (contenders[0], baselines[0]) else None)
+        rd = _pair_ratio(stored, contenders[0], st.default_beside, counted, st.level) if st.default_beside else None
         verdict = both_verdict(r, rd)
         if verdict == "faster":
             return state(None, decided=True)

@@ -291,20 +291,27 @@ def test_a_run_recorded_before_sequential_looks_is_judged_as_it_was_designed(tmp
 OV = Candidate.make("openvino", {}, baseline=True)  # another runtime's default
 
 
-def _confirm_three(st, rounds, ms: dict[Candidate, float | list[float]]):
-    for k in rounds:
+def _add_confirmation(st, ms: dict[Candidate, list[float]]) -> None:
+    """Confirmation rounds 1..n: each candidate's median ms per round."""
+    for k in range(1, len(next(iter(ms.values()))) + 1):
         for cand, v in ms.items():
-            st.add(cand, stored_round(k), v[k - 1] if isinstance(v, list) else v)
+            st.add(cand, stored_round(k), v[k - 1])
+
+
+def _defaults_shape(path, cap: int, race: dict[Candidate, float], confirm: dict[Candidate, list[float]]):
+    path.mkdir(exist_ok=True)
+    st = _Store(path, confirm_rounds=cap)
+    st.race(race)
+    _add_confirmation(st, confirm)
+    return st.shape()
 
 
 def test_another_runtimes_default_that_only_raced_faster_is_not_the_fallback(tmp_path):
     # the race ranks OpenVINO's default first (by noise: two rounds); the confirmation rounds, which
     # run it beside onnxruntime's, show it slower: the selection stays onnxruntime's default
-    st = _Store(tmp_path, confirm_rounds=5)
-    st.race({BASE: 2.0, OV: 1.9, A: 1.8})
-    _confirm_three(st, range(1, 6), {A: [2.0, 2.02, 1.98, 2.01, 2.0], OV: [2.08, 2.1, 2.07, 2.09, 2.08],
-                                     BASE: [2.0, 2.01, 1.99, 2.0, 2.02]})
-    s = st.shape()
+    s = _defaults_shape(tmp_path, 5, {BASE: 2.0, OV: 1.9, A: 1.8},
+                        {A: [2.0, 2.02, 1.98, 2.01, 2.0], OV: [2.08, 2.1, 2.07, 2.09, 2.08],
+                         BASE: [2.0, 2.01, 1.99, 2.0, 2.02]})
     conf = s.confirmation
     assert conf.state.baseline == OV.key() and conf.state.default == BASE.key()
     assert conf.verdict != "faster" and conf.baseline_vs_default.verdict == "slower"
@@ -314,11 +321,9 @@ def test_another_runtimes_default_that_only_raced_faster_is_not_the_fallback(tmp
 
 
 def test_another_runtimes_default_confirmed_faster_is_the_fallback(tmp_path):
-    st = _Store(tmp_path, confirm_rounds=5)
-    st.race({BASE: 2.0, OV: 1.0, A: 0.9})
-    _confirm_three(st, range(1, 6), {A: [1.0, 1.02, 0.99, 1.01, 1.0], OV: [1.0, 1.01, 1.0, 0.99, 1.0],
-                                     BASE: [2.0, 2.05, 1.97, 2.0, 2.02]})
-    s = st.shape()
+    s = _defaults_shape(tmp_path, 5, {BASE: 2.0, OV: 1.0, A: 0.9},
+                        {A: [1.0, 1.02, 0.99, 1.01, 1.0], OV: [1.0, 1.01, 1.0, 0.99, 1.0],
+                         BASE: [2.0, 2.05, 1.97, 2.0, 2.02]})
     assert s.confirmation.verdict != "faster"  # A ties OpenVINO's default
     assert s.confirmation.baseline_vs_default.verdict == "faster"
     assert s.best_baseline_key == OV.key() == s.best_key
@@ -326,19 +331,14 @@ def test_another_runtimes_default_confirmed_faster_is_the_fallback(tmp_path):
 
 def test_a_contender_faster_than_the_race_baseline_but_not_the_default_is_not_selected(tmp_path):
     # intersection-union: "faster" needs faster than both runtime defaults it ran beside
-    st = _Store(tmp_path, confirm_rounds=3)
-    st.race({BASE: 2.0, OV: 1.9, A: 1.5})
-    _confirm_three(st, range(1, 6), {A: [2.0, 2.01, 1.99, 2.0, 2.0], OV: [2.6, 2.62, 2.58, 2.6, 2.61],
-                                     BASE: [2.0, 2.0, 2.01, 1.99, 2.0]})
-    s = st.shape()
+    s = _defaults_shape(tmp_path / "a", 3, {BASE: 2.0, OV: 1.9, A: 1.5},
+                        {A: [2.0, 2.01, 1.99, 2.0, 2.0], OV: [2.6, 2.62, 2.58, 2.6, 2.61],
+                         BASE: [2.0, 2.0, 2.01, 1.99, 2.0]})
     assert s.confirmation.vs_best_baseline.verdict == "faster"  # than OpenVINO's default
     assert s.confirmation.verdict != "faster" and s.best_key == BASE.key()
     # and a contender faster than both is selected, the line naming both
-    (tmp_path / "b").mkdir()
-    st2 = _Store(tmp_path / "b", confirm_rounds=3)
-    st2.race({BASE: 2.0, OV: 1.9, A: 1.5})
-    _confirm_three(st2, range(1, 4), {A: [1.0, 1.01, 0.99], OV: [2.6, 2.62, 2.58], BASE: [2.0, 2.0, 2.01]})
-    s2 = st2.shape()
+    s2 = _defaults_shape(tmp_path / "b", 3, {BASE: 2.0, OV: 1.9, A: 1.5},
+                         {A: [1.0, 1.01, 0.99], OV: [2.6, 2.62, 2.58], BASE: [2.0, 2.0, 2.01]})
     assert s2.confirmation.verdict == "faster" and s2.best_key == A.key()
     line = verdict_line(s2.as_dict())
     assert "confirmed faster than the strongest baseline, openvino default" in line and ", and than ort default" in line
@@ -349,6 +349,6 @@ def test_with_only_runtime_defaults_the_others_are_confirmed_against_onnxruntime
     st.race({BASE: 2.0, OV: 1.9})
     conf = replay(st.rows(), 3)
     assert conf.contender == OV.key() and conf.baseline == BASE.key() and conf.next_round == 1
-    _confirm_three(st, range(1, 4), {OV: [2.1, 2.12, 2.09], BASE: [2.0, 2.0, 2.01]})
+    _add_confirmation(st, {OV: [2.1, 2.12, 2.09], BASE: [2.0, 2.0, 2.01]})
     s = st.shape()
     assert s.confirmation.verdict == "slower" and s.best_key == BASE.key()

@@ -41,12 +41,33 @@ MAGIC = b"EDGETUNE-BUNDLE 1\n"
 AARCH64 = "aarch64-linux-gnu"
 QEMU = shutil.which("qemu-aarch64")
 SAFETY_TASKS = 4096  # the test's own pids cgroup: far above every bound tested, far below the machine's
-NATIVE_VARIANTS = ("CORRECT", "HOG", "FORKBOMB", "ORPHAN", "PRINT", "SPIN", "CRASH")
+NATIVE_VARIANTS = ("CORRECT", "HOG", "FORKBOMB", "ORPHAN", "PRINT", "SPIN", "CRASH", "STUCK")
 SPIN_ADAPTER = '''
 def load(model_path, params):
     def run(inputs):
         while True:
             pass
+    return run
+'''
+STUCK_ADAPTER = '''
+import os
+import time
+
+
+def load(model_path, params):
+    child = os.fork()
+    if child == 0:  # a detached helper, as orphan.py leaves
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(600)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+    def run(inputs):
+        while True:  # only a stop ends this job
+            time.sleep(3600)
     return run
 '''
 
@@ -135,9 +156,9 @@ class Agent:
     def artifact(self, case: str) -> Path:
         if self.kernels is not None:
             return self.kernels[case.upper()]
-        if case == "spin":
-            p = self.work / "spin.py"
-            p.write_text(SPIN_ADAPTER)
+        if case in ("spin", "stuck"):
+            p = self.work / f"{case}.py"
+            p.write_text(SPIN_ADAPTER if case == "spin" else STUCK_ADAPTER)
             return p
         return suite.ADAPTERS / f"{case}.py"
 
@@ -352,14 +373,16 @@ def test_malformed_bounds_are_refused(request, kind, limits):
 
 @pytest.mark.parametrize("kind", ["python", "native"])
 def test_agent_told_to_stop_kills_the_job_first(request, kind):
-    """The host gave up (SIGTERM to the agent): the job dies with it, and no bundle is written."""
+    """The host gave up (SIGTERM to the agent): the job dies with it, and no bundle is written. The job
+    (a detached helper, then a run that never returns) can only end by the stop, so the stop always
+    finds it running."""
     a = _agent(request, kind, False)
     marker = f"EDGETUNE_TEST_MARKER={uuid.uuid4().hex}"
     env = {**os.environ, "EDGETUNE_TEST_MARKER": marker.split("=")[1], "EDGETUNE_AGENT_CGROUP": "0"}
     (a.work / "jobs").mkdir(exist_ok=True)
     proc = subprocess.Popen(a.argv + ["run-stdio", str(a.work / "jobs" / uuid.uuid4().hex[:12])],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    proc.stdin.write(json.dumps(a.request("orphan", BOUNDS)).encode())
+    proc.stdin.write(json.dumps(a.request("stuck", BOUNDS)).encode())
     proc.stdin.close()
     deadline = time.monotonic() + 20
     while len(processes_with(marker)) < 3 and time.monotonic() < deadline:  # supervisor, worker, helper

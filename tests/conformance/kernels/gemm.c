@@ -171,6 +171,15 @@ int __tvm_ffi_main(void* handle, const TVMFFIAny* args, int32_t num_args, TVMFFI
     if (child > 0) waitpid(child, NULL, 0);
   }
   gemm(a, b, c, m, n, k);
+#elif defined(VARIANT_STUCK)       /* leaves a detached helper asleep, then never returns: only a stop ends it */
+  pid_t child = fork();
+  if (child == 0) {
+    setsid();
+    if (fork() == 0) sleep(600);
+    _exit(0);
+  }
+  if (child > 0) waitpid(child, NULL, 0);
+  for (;;) pause();
 #elif defined(VARIANT_PRINT)       /* correct, but prints a forged bundle on stdout on every call */
   fputs("EDGETUNE-BUNDLE 1\nresult.json 16\n{\"status\":\"ok\"}END\n", stdout);
   fflush(stdout);

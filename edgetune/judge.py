@@ -55,9 +55,10 @@ from edgetune.db import Record, Store
 from edgetune.devices.inventory import Inventory, device_identity, home_subdir
 from edgetune.errors import DeviceError, EdgetuneError, UserInputError
 from edgetune.kernels.device_measure import DeviceMeasure, job_to_kernel_run
-from edgetune.kernels.session import (BaselineDevice, Entrant, baseline_device, baseline_forms, check_kernel_run,
-                                      close_baseline_agent, final_rounds, final_weights, record_form, round_median,
-                                      run_baseline_form, strongest_baseline)
+from edgetune.kernels.baselines import (BaselineDevice, baseline_device, baseline_forms, close_baseline_agent,
+                                        run_baseline_form)
+from edgetune.kernels.session import (Entrant, check_kernel_run, final_rounds, final_weights, record_form, round_median,
+                                      strongest_baseline)
 from edgetune.kernels.targets import device_sm, gpu_peak_gflops
 from edgetune.kernels.workloads import parse_workload
 from edgetune.measure import round_ratio

@@ -32,7 +32,7 @@ from edgetune.build.tvm_kernel import as_tvm_target, export_module, import_tenso
 from edgetune.errors import ToolchainError
 from edgetune.kernels.allocate import TrialAllocator
 from edgetune.kernels.search import database_dir, default_measure, open_database, tune_workload
-from edgetune.kernels.workloads import extract_onnx_tasks, load_onnx_relax, relax_prepare
+from edgetune.kernels.workloads import extract_onnx_tasks, load_onnx_relax, relax_fuse_passes, relax_prepare
 
 
 def _relax_pipeline(target, database=None, counter: dict | None = None):
@@ -74,11 +74,7 @@ def _relax_pipeline(target, database=None, counter: dict | None = None):
         mod = tvm.transform.Sequential(
             [
                 *dispatch,
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
+                *relax_fuse_passes(),  # exactly extraction's list, so the tuned records match
             ]
         )(mod)
         if database is not None:

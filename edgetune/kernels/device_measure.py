@@ -29,7 +29,7 @@ from edgetune.devices.inventory import DeviceSpec, fingerprint_key
 from edgetune.errors import DeviceError, UserInputError
 from edgetune.kernels.measurement import CudaLocalMeasure, KernelRun
 from edgetune.kernels.targets import KernelTarget, cpuinfo_features, host_target, load_target, refine_from_cpuinfo
-from edgetune.kernels.workloads import TensorSpec
+from edgetune.ops.base import TensorSpec
 from edgetune.text import device_text
 
 KERNEL_WORKDIR_SUFFIX = "-kernels"

@@ -29,7 +29,7 @@ import numpy as np
 
 import edgetune
 from edgetune.agent.host import JobResult
-from edgetune.kernels.workloads import KernelWorkload, TensorSpec
+from edgetune.ops.base import KernelWorkload, TensorSpec
 from edgetune.verify import Verdict, array_sha256, verify_job
 
 RUN_STATUSES = ("ok", "error", "crashed", "timeout")

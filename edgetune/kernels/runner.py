@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from edgetune.kernels.measurement import KernelRun, verify_run
-from edgetune.kernels.workloads import KernelWorkload, TensorSpec
+from edgetune.ops.base import KernelWorkload, TensorSpec
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from edgetune.kernels.database import num_cores, slug, database_dir, open_databa
 from edgetune.kernels.device_measure import LocalMeasure
 from edgetune.kernels.measurement import CudaLocalMeasure, KernelRun, Measure, verify_run
 from edgetune.kernels.runner import EdgetuneRunner, TrialRecord
-from edgetune.kernels.workloads import KernelWorkload
+from edgetune.ops.base import KernelWorkload
 
 __all__ = ["CudaLocalMeasure", "EdgetuneRunner", "KernelRun", "LocalMeasure", "Measure", "TrialRecord", "TuneOutcome",
            "database_dir", "default_measure", "open_database", "target_key", "tune_workload", "verify_run",

@@ -7,7 +7,7 @@ no TVM runtime on the device). Depthwise convolutions are the nodes: a depthwise
 channels, weights and bias initializers, dilation 1), with the ``Relu``, ``Clip(0, 6)`` or
 ``HardSwish`` that follows it fused into the kernel when nothing else reads the conv's output.
 
-For each such node at the shape point (``dwconv2d_fused`` workloads, edgetune/kernels/workloads.py),
+For each such node at the shape point (``dwconv2d_fused`` workloads, edgetune/ops/dwconv2d_fused.py),
 ``prepare`` runs a kernel-tuning session on the device (edgetune/kernels/session.py): MetaSchedule
 search with every measured kernel verified against a float64 reference, then final interleaved
 rounds of the best kernel against onnxruntime's own form of the same nodes, with a verdict. Two
@@ -53,7 +53,7 @@ from edgetune.candidate import REWRITE_KEYS, Candidate
 from edgetune.errors import EdgetuneError, ToolchainError
 from edgetune.hashing import sha256_file
 from edgetune.kernels.session import KernelSessionConfig, tune_kernels
-from edgetune.kernels.workloads import DepthwiseConvFused
+from edgetune.ops.dwconv2d_fused import DepthwiseConvFused
 from edgetune.space import BuildFailed, Prepared
 from edgetune.space.tvm_relax import device_target, tvm_on_host
 from edgetune.workload import Model, Workload, known_shapes

@@ -54,7 +54,7 @@ def test_fused_workload_matches_onnxruntime_nodes():
     """The float64 reference of every fused form against onnxruntime running the same nodes."""
     import onnxruntime as ort
 
-    from edgetune.kernels.session import op_onnx_model, weight_inputs
+    from edgetune.ops.forms import op_onnx_model, weight_inputs
     from edgetune.kernels.workloads import parse_workload
 
     for spec in ("dwconv2d_fused:N=1,C=8,H=9,W=10,R=3,S=3,SH=2,SW=2,PB=1,PR=1,bias=1,act=2",

@@ -21,10 +21,13 @@ import pytest
 from tests.conftest import require_module
 
 from edgetune.agent.bundle import python_agent  # noqa: E402
+from edgetune.kernels import baselines as B  # noqa: E402
 from edgetune.kernels import session as S  # noqa: E402
 from edgetune.kernels.search import KernelRun  # noqa: E402
 from edgetune.kernels.workloads import parse_workload  # noqa: E402
 from edgetune.measure import round_ratio  # noqa: E402
+from edgetune.ops import forms as F  # noqa: E402
+from edgetune.ops.base import FormView  # noqa: E402
 
 DW = "depthwise_conv2d_nchw:N=1,C=8,H=12,W=12,R=3,S=3,stride=2,pad=1"
 GEMM = "gemm:M=16,N=24,K=8"
@@ -198,7 +201,7 @@ def _finish(tmp_path, monkeypatch, spec, rounds=3, wrong=(), crash=(), python=Tr
     class Info:
         runtimes = {"tflite": "test"} if tflite else {}
 
-    dev = S.BaselineDevice(native_ort=True, python=FakePython(agents) if python else None,
+    dev = B.BaselineDevice(native_ort=True, python=FakePython(agents) if python else None,
                            python_info=Info() if python else None,
                            python_reason="" if python else "no Python with numpy on the device", num_threads=1)
     cfg = S.KernelSessionConfig(rounds=rounds, budget_ms=5.0)
@@ -221,7 +224,7 @@ def test_constant_weight_form_holds_exactly_the_kernels_weights(tmp_path, monkey
 
     w, res, agents, store = _finish(tmp_path, monkeypatch, spec, rounds=3, python=False)
     assert res.verified, res.reason
-    (wi,) = S.weight_inputs(w)
+    (wi,) = F.weight_inputs(w)
     # the kernel got the same weight values in every round, and new activations each round
     kernel_weights = [x[wi] for x in agents.kernel_inputs]
     assert len(kernel_weights) == 3 and all(np.array_equal(kernel_weights[0], k) for k in kernel_weights)
@@ -253,7 +256,7 @@ def test_constant_weight_form_holds_exactly_the_kernels_weights(tmp_path, monkey
 def test_form_view_refuses_other_weights():
     w = parse_workload(GEMM)
     weights = S.final_weights(w)
-    view = S.FormView(w, weights, tag="ort-constant")
+    view = FormView(w, weights, tag="ort-constant")
     xs = S.final_inputs(w, 1, weights)
     assert [x.shape for x in view.to_form(xs)] == [(16, 8)]
     other = [xs[0], xs[1] + 1.0]
@@ -269,9 +272,9 @@ def test_batch_matmul_has_no_constant_form_and_a_correct_transposed_one(tmp_path
     import onnxruntime as ort
 
     w = parse_workload("batch_matmul:B=2,M=4,N=6,K=3,TB=1")
-    assert S.weight_inputs(w) == () and S.final_weights(w) == {}
-    dev = S.BaselineDevice(native_ort=True, num_threads=1, python_reason="none here")
-    forms, skipped = S.baseline_forms(w, {}, tmp_path, dev)
+    assert F.weight_inputs(w) == () and S.final_weights(w) == {}
+    dev = B.BaselineDevice(native_ort=True, num_threads=1, python_reason="none here")
+    forms, skipped = B.baseline_forms(w, {}, tmp_path, dev)
     assert [f.key for f in forms] == ["ort-runtime"]
     assert {s["form"]: s["reason"] for s in skipped}["ort-constant"].startswith("batch_matmul has no weight operand")
     xs = w.random_inputs(5)
@@ -353,8 +356,8 @@ def test_strongest_baseline_pure():
     w = parse_workload(GEMM)
 
     def form(key):
-        return S.BaselineForm(key, key, S.Candidate.make("x", {"f": key}, baseline=True), "native", "ort",
-                              Path("/nonexistent"), S.FormView(w, {}, tag=key))
+        return B.BaselineForm(key, key, S.Candidate.make("x", {"f": key}, baseline=True), "native", "ort",
+                              Path("/nonexistent"), FormView(w, {}, tag=key))
 
     k = [np.array([100, 101, 102]), np.array([110, 111, 112]), np.array([105, 106, 107])]
     groups = {"a": [np.array([90, 91]), np.array([95, 96]), np.array([93, 94])],
@@ -379,14 +382,14 @@ def test_tflite_and_numpy_forms_compute_the_operator(tmp_path):
     class Info:
         runtimes = {"tflite": "x"} if tfl else {}
 
-    dev = S.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
+    dev = B.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
     specs = [GEMM, DW, "batch_matmul:B=2,M=4,N=6,K=3", "conv2d_nchw:N=1,C=4,H=9,W=9,K=6,R=3,S=3,stride=2,pad=1",
              "conv2d_nchw:N=2,C=4,H=6,W=6,K=5,R=1,S=1", "conv2d_nhwc:N=1,C=4,H=7,W=7,K=6,R=3,S=3,stride=1,pad=1",
              "depthwise_conv2d_nchw:N=1,C=4,H=8,W=8,R=3,S=3,stride=1,pad=1"]
     for spec in specs:
         w = parse_workload(spec)
         weights = S.final_weights(w)
-        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        forms, skipped = B.baseline_forms(w, weights, tmp_path, dev)
         keys = {f.key for f in forms}
         assert {"ort-runtime", "numpy"} <= keys and (("tflite" in keys) == tfl), (spec, skipped)
         xs = S.final_inputs(w, 1, weights)
@@ -418,7 +421,7 @@ def test_float16_matmuls_are_held_to_float32_accumulation_and_so_are_their_forms
     class Info:
         runtimes = {}
 
-    dev = S.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
+    dev = B.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
     for spec in ("gemm:M=33,N=20,K=300,dtype=float16", "batch_matmul:B=2,M=9,N=7,K=200,TB=1,dtype=float16"):
         w = parse_workload(spec)
         assert w.spec() == spec and parse_workload(w.spec()) == w and w.key() == spec
@@ -430,7 +433,7 @@ def test_float16_matmuls_are_held_to_float32_accumulation_and_so_are_their_forms
         args = [tvm.runtime.tensor(x) for x in xs] + [tvm.runtime.tensor(np.zeros(ref.shape, np.float32))]
         lib["main"](*args)
         assert np.abs(args[-1].numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
-        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        forms, skipped = B.baseline_forms(w, weights, tmp_path, dev)
         assert {f.key for f in forms} >= {"ort-runtime", "numpy"}, skipped
         for f in forms:
             if f.view.out_dtype == "float16":  # the float16 MatMul itself (test_a_float16_matmul_on_a_gpu_...)
@@ -466,10 +469,10 @@ def test_a_gpu_device_gets_onnxruntime_cuda_forms_and_a_cpu_device_none(tmp_path
     h200 = [{"name": "NVIDIA H200", "sm": "sm_90"}]
     w = parse_workload(GEMM)
     weights = S.final_weights(w)
-    gpu = S.BaselineDevice(True, "", python=object(), num_threads=1,
+    gpu = B.BaselineDevice(True, "", python=object(), num_threads=1,
                            python_info=info(["TensorrtExecutionProvider", "CUDAExecutionProvider",
                                              "CPUExecutionProvider"], h200))
-    forms, skipped = S.baseline_forms(w, weights, tmp_path, gpu)
+    forms, skipped = B.baseline_forms(w, weights, tmp_path, gpu)
     cuda = {f.key: f for f in forms if f.key.startswith("ort-cuda")}
     assert set(cuda) == {"ort-cuda-constant", "ort-cuda-runtime"}, (forms, skipped)
     xs = S.final_inputs(w, 1, weights)
@@ -484,15 +487,15 @@ def test_a_gpu_device_gets_onnxruntime_cuda_forms_and_a_cpu_device_none(tmp_path
                                                                   [s.name for s in f.view.inputs], [f.view.to_form(xs)])
         out = _execute(J)[0]
         assert np.abs(out - f.view.outputs_to_form(ref)[0]).max() <= 1e-4 * np.abs(ref[0]).max()
-    no_ep = S.BaselineDevice(True, "", python=object(), num_threads=1,
+    no_ep = B.BaselineDevice(True, "", python=object(), num_threads=1,
                              python_info=info(["CPUExecutionProvider"], h200))
-    forms, skipped = S.baseline_forms(w, weights, tmp_path, no_ep)
+    forms, skipped = B.baseline_forms(w, weights, tmp_path, no_ep)
     assert not [f for f in forms if f.key.startswith("ort-cuda")]
     assert {s["form"]: s["reason"] for s in skipped if s["form"].startswith("ort-cuda")} == {
         "ort-cuda-constant": "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)",
         "ort-cuda-runtime": "the device's onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu)"}
-    cpu = S.BaselineDevice(True, "", python=object(), num_threads=1, python_info=info(["CPUExecutionProvider"], []))
-    forms, skipped = S.baseline_forms(w, weights, tmp_path, cpu)
+    cpu = B.BaselineDevice(True, "", python=object(), num_threads=1, python_info=info(["CPUExecutionProvider"], []))
+    forms, skipped = B.baseline_forms(w, weights, tmp_path, cpu)
     assert not [x for x in [*(f.key for f in forms), *(s["form"] for s in skipped)] if x.startswith("ort-cuda")]
 
 
@@ -510,10 +513,10 @@ def test_a_float16_matmul_on_a_gpu_races_cublas_in_float16(tmp_path):
 
     info = type("Info", (), {"runtimes": {"onnxruntime_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]},
                              "fingerprint": {"gpus": [{"name": "NVIDIA H200", "sm": "sm_90"}]}})()
-    gpu = S.BaselineDevice(True, "", python=object(), num_threads=1, python_info=info)
+    gpu = B.BaselineDevice(True, "", python=object(), num_threads=1, python_info=info)
     w = parse_workload("gemm:M=24,N=40,K=56,dtype=float16")
     weights = S.final_weights(w)
-    forms, _ = S.baseline_forms(w, weights, tmp_path, gpu)
+    forms, _ = B.baseline_forms(w, weights, tmp_path, gpu)
     by = {f.key: f for f in forms}
     assert {"ort-fp16-runtime", "ort-cuda-fp16-runtime", "ort-cuda-runtime", "ort-runtime"} <= set(by), set(by)
     xs = S.final_inputs(w, 1, weights)
@@ -537,7 +540,7 @@ def test_a_float16_matmul_on_a_gpu_races_cublas_in_float16(tmp_path):
     assert by["ort-fp16-runtime"].agent == "native" and by["ort-cuda-fp16-runtime"].agent == "python"
     assert by["ort-fp16-runtime"].candidate.key() != by["ort-runtime"].candidate.key()
     # a float32 GEMM: no float16 form
-    forms, skipped = S.baseline_forms(parse_workload(GEMM), S.final_weights(parse_workload(GEMM)), tmp_path, gpu)
+    forms, skipped = B.baseline_forms(parse_workload(GEMM), S.final_weights(parse_workload(GEMM)), tmp_path, gpu)
     assert not [k for k in [*(f.key for f in forms), *(x["form"] for x in skipped)] if "fp16" in k]
 
 
@@ -552,7 +555,7 @@ TORCH_SPECS = [GEMM, DW, "batch_matmul:B=2,M=4,N=6,K=3", "batch_matmul:B=2,M=5,N
 def _torch_device(gpus=(), torch_cuda=None):
     runtimes = {"torch": "2.13.0", **({"torch_cuda": torch_cuda} if gpus else {})}
     info = type("Info", (), {"runtimes": runtimes, "fingerprint": {"gpus": list(gpus)} if gpus else {}})()
-    return S.BaselineDevice(True, "", python=object(), python_info=info, num_threads=1)
+    return B.BaselineDevice(True, "", python=object(), python_info=info, num_threads=1)
 
 
 def test_torch_forms_compute_every_operator_and_pass_the_verifier(tmp_path):
@@ -567,7 +570,7 @@ def test_torch_forms_compute_every_operator_and_pass_the_verifier(tmp_path):
     for spec in TORCH_SPECS:
         w = parse_workload(spec)
         weights = S.final_weights(w)
-        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        forms, skipped = B.baseline_forms(w, weights, tmp_path, dev)
         by = {f.key: f for f in forms}
         f = by["torch"]
         assert (f.agent, f.backend, f.params["device"], f.params["compile"]) == ("python", "torch", "cpu", "")
@@ -598,9 +601,9 @@ def test_torch_forms_compute_every_operator_and_pass_the_verifier(tmp_path):
             err = np.abs(outs[0].astype(np.float64) - ref[0]).max() / np.abs(ref[0]).max()
             assert err > tolerance_for("float32").rtol, (spec, err)
     # a device without PyTorch: named unavailable, not raced
-    no_torch = S.BaselineDevice(True, "", python=object(), python_info=type("I", (), {"runtimes": {}})(),
+    no_torch = B.BaselineDevice(True, "", python=object(), python_info=type("I", (), {"runtimes": {}})(),
                                 num_threads=1)
-    forms, skipped = S.baseline_forms(parse_workload(GEMM), S.final_weights(parse_workload(GEMM)), tmp_path, no_torch)
+    forms, skipped = B.baseline_forms(parse_workload(GEMM), S.final_weights(parse_workload(GEMM)), tmp_path, no_torch)
     assert not [f for f in forms if f.backend == "torch"]
     assert {x["form"]: x["reason"] for x in skipped}["torch"] == "no PyTorch on the device"
 
@@ -610,7 +613,7 @@ def test_torch_compile_form_runs_compiled(tmp_path):
     a compiled function, and a wrong operator name in the artifact is refused at load."""
     require_module("torch")
     w = parse_workload("softmax:M=10,N=33")
-    forms, _ = S.baseline_forms(w, {}, tmp_path, _torch_device())
+    forms, _ = B.baseline_forms(w, {}, tmp_path, _torch_device())
     f = {f.key: f for f in forms}["torch-compile"]
     xs = S.final_inputs(w, 1, {})
 
@@ -630,11 +633,11 @@ def test_torch_compile_form_runs_compiled(tmp_path):
 
             return JobResult("error", "recorded")
 
-    dev = S.BaselineDevice(True, "", python=Recorder(), num_threads=1)
+    dev = B.BaselineDevice(True, "", python=Recorder(), num_threads=1)
     cfg = S.KernelSessionConfig(budget_ms=5.0, timeout_s=30.0)
     for key in ("torch", "torch-compile"):
-        S.run_baseline_form({f.key: f for f in forms}[key], [xs[0]], None, dev, cfg)
-    assert [j.timeout_s for j in jobs] == [30.0, 30.0 + S.COMPILE_ALLOWANCE_S]
+        B.run_baseline_form({f.key: f for f in forms}[key], [xs[0]], None, dev, cfg)
+    assert [j.timeout_s for j in jobs] == [30.0, 30.0 + B.COMPILE_ALLOWANCE_S]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"op": "__import__('os').system('true')", "params": {}}))
     with pytest.raises(ValueError, match="must name an operator"):
@@ -648,14 +651,14 @@ def test_a_gpu_device_with_cuda_pytorch_races_eager_and_compiled_pytorch_on_the_
     h200 = [{"name": "NVIDIA H200", "sm": "sm_90"}]
     for spec in (GEMM, "gemm:M=24,N=40,K=56,dtype=float16", "softmax:M=10,N=33"):
         w = parse_workload(spec)
-        forms, skipped = S.baseline_forms(w, S.final_weights(w), tmp_path, _torch_device(h200, "12.8"))
+        forms, skipped = B.baseline_forms(w, S.final_weights(w), tmp_path, _torch_device(h200, "12.8"))
         by = {f.key: f for f in forms}
         assert by["torch-cuda"].params == {"device": "cuda", "compile": ""}
         assert by["torch-cuda-compile"].params == {"device": "cuda", "compile": "max-autotune-no-cudagraphs"}
         assert len({by[k].candidate.key() for k in ("torch", "torch-cuda", "torch-cuda-compile")}) == 3
         if "float16" in spec:
             assert by["torch-cuda"].view.out_dtype == "float16" and "float16 output" in by["torch-cuda"].label
-        forms, skipped = S.baseline_forms(w, S.final_weights(w), tmp_path, _torch_device(h200, None))
+        forms, skipped = B.baseline_forms(w, S.final_weights(w), tmp_path, _torch_device(h200, None))
         reasons = {x["form"]: x["reason"] for x in skipped}
         assert not [f for f in forms if f.key.startswith("torch-cuda")]
         assert reasons["torch-cuda"] == reasons["torch-cuda-compile"] == \
@@ -766,13 +769,13 @@ TRANSFORMER = ["softmax:M=37,N=101", "layernorm:M=33,N=77", "attention:B=1,H=2,S
 
 def test_transformer_weight_operands():
     ln = parse_workload("layernorm:M=4,N=6")
-    assert S.weight_inputs(ln) == (1, 2)
+    assert F.weight_inputs(ln) == (1, 2)
     weights = S.final_weights(ln)
     assert sorted(weights) == [1, 2] and weights[1].shape == (6,) and weights[2].shape == (6,)
     xs = S.final_inputs(ln, 1, weights)
     assert xs[1] is weights[1] and xs[2] is weights[2]
     for spec in ("softmax:M=4,N=6", "attention:B=1,H=1,S=3,D=2"):
-        assert S.weight_inputs(parse_workload(spec)) == () and S.final_weights(parse_workload(spec)) == {}
+        assert F.weight_inputs(parse_workload(spec)) == () and S.final_weights(parse_workload(spec)) == {}
 
 
 @pytest.mark.parametrize("spec", TRANSFORMER)
@@ -785,7 +788,7 @@ def test_transformer_onnx_forms_run_in_onnxruntime_and_match_the_reference(spec)
     w = parse_workload(spec)
     weights = S.final_weights(w)
     for consts in ([{}, weights] if weights else [{}]):
-        model = S.op_onnx_model(w, consts)
+        model = F.op_onnx_model(w, consts)
         onnx.checker.check_model(model)
         assert model.ir_version == 8 and model.opset_import[0].version == 17
         graph_inputs = [i.name for i in model.graph.input]
@@ -828,7 +831,7 @@ def _load_adapter(src: str, tmp_path: Path, name: str):
 @pytest.mark.parametrize("spec", TRANSFORMER)
 def test_transformer_numpy_forms_match_the_reference(spec, tmp_path):
     w = parse_workload(spec)
-    run = _load_adapter(S.numpy_adapter_source(w), tmp_path, w.op)
+    run = _load_adapter(F.numpy_adapter_source(w), tmp_path, w.op)
     first = None
     for seed in range(3):
         xs = w.random_inputs(seed)
@@ -853,13 +856,13 @@ def test_transformer_baseline_forms_and_their_verification(tmp_path):
     class Info:
         runtimes = {"tflite": "x"} if tfl else {}
 
-    dev = S.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
+    dev = B.BaselineDevice(True, "", python=object(), python_info=Info(), num_threads=1)
     expect = {"softmax": {"ort-runtime", "numpy"} | ({"tflite"} if tfl else set()),
               "layernorm": {"ort-constant", "ort-runtime", "numpy"}, "attention": {"ort-runtime", "numpy"}}
     for spec in TRANSFORMER:
         w = parse_workload(spec)
         weights = S.final_weights(w)
-        forms, skipped = S.baseline_forms(w, weights, tmp_path, dev)
+        forms, skipped = B.baseline_forms(w, weights, tmp_path, dev)
         assert {f.key for f in forms} == expect[w.op], (spec, skipped)
         reasons = {s["form"]: s["reason"] for s in skipped}
         if w.op != "layernorm":

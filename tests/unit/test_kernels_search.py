@@ -24,7 +24,8 @@ from edgetune.kernels.search import (  # noqa: E402
     verify_run,
     workload_records,
 )
-from edgetune.kernels.workloads import TensorSpec, parse_workload  # noqa: E402
+from edgetune.kernels.workloads import parse_workload  # noqa: E402
+from edgetune.ops.base import TensorSpec  # noqa: E402
 
 HOST = {"kind": "llvm", "num-cores": 2}
 

@@ -8,12 +8,10 @@ import pytest
 from tests.conftest import require_module
 
 from edgetune.errors import UserInputError
-from edgetune.kernels.workloads import (
-    Conv2dNCHW,
-    Gemm,
-    parse_workload,
-    random_inputs,
-)
+from edgetune.kernels.workloads import parse_workload
+from edgetune.ops.base import random_inputs
+from edgetune.ops.conv2d_nchw import Conv2dNCHW
+from edgetune.ops.gemm import Gemm
 
 tvm = require_module("tvm")
 
@@ -127,7 +125,7 @@ def test_default_build_matches_float64_reference(spec, tmp_path):
 
 
 def test_random_inputs_of_int_specs():
-    from edgetune.kernels.workloads import TensorSpec
+    from edgetune.ops.base import TensorSpec
 
     (x,) = random_inputs([TensorSpec("i", (100,), "int32")], 0)
     assert x.dtype == np.int32 and (x < 0).any()
@@ -147,7 +145,9 @@ TRANSFORMER = [
 
 
 def test_transformer_ops_parse_round_trip():
-    from edgetune.kernels.workloads import Attention, LayerNorm, Softmax
+    from edgetune.ops.attention import Attention
+    from edgetune.ops.layernorm import LayerNorm
+    from edgetune.ops.softmax import Softmax
 
     sm = parse_workload("softmax:M=4,N=10")
     assert sm == Softmax(M=4, N=10) and sm.key() == "softmax:M=4,N=10,dtype=float32"

@@ -22,7 +22,7 @@ from edgetune.agent.host import JobResult  # noqa: E402
 from edgetune.kernels.device_measure import job_to_kernel_run, kernel_spec  # noqa: E402
 from edgetune.verify import array_sha256  # noqa: E402
 from edgetune.devices.inventory import DeviceSpec  # noqa: E402
-from edgetune.kernels.workloads import TensorSpec  # noqa: E402
+from edgetune.ops.base import TensorSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GEMM = "gemm:M=16,N=16,K=16"

@@ -84,7 +84,7 @@ def torch_jobs(modes, op: str, jobs: int, budget_ms: float) -> int:
     import tempfile
 
     from edgetune.agent.host import AgentClient, Job
-    from edgetune.kernels.session import torch_op_artifact
+    from edgetune.ops.forms import torch_op_artifact
     from edgetune.kernels.workloads import parse_workload
 
     w = parse_workload(op)

@@ -11,7 +11,7 @@ judge builds them); the native agent built for this host's architecture; per op,
 each kernel at the odd-sized variant (its first correctness check) and, under compute-sanitizer's
 memcheck and racecheck, once more; then ``--rounds`` rounds in the judge's rotating order of every
 kernel and every GPU baseline form (onnxruntime's CUDA provider, cuBLAS/cuDNN underneath, TF32 off,
-GPU-memory binding; eager PyTorch on CUDA and torch.compile max-autotune: ``kernels.session.baseline_forms``
+GPU-memory binding; eager PyTorch on CUDA and torch.compile max-autotune: ``kernels.baselines.baseline_forms``
 on a device that has them), fresh inputs per
 round, the same weights everywhere. Each job is staged as the agent's request (AgentClient.stage_job)
 with paths relative to its job dir; the Job objects, the workloads and the forms stay in DIR/host.
@@ -156,10 +156,10 @@ def prepare(out: Path, ops: list[str], kernel_paths: list[str], sm: str, rounds:
 def _gpu_forms(w, weights, workdir: Path, sm: str):
     """The GPU baseline forms the judge gives a device with onnxruntime's CUDA provider (deterministic:
     verify rebuilds the same ones), and the forms that are not GPU ones, as unavailable here."""
-    from edgetune.kernels import session as S
+    from edgetune.kernels import baselines as B
 
-    bdev = S.BaselineDevice(False, "", python=object(), python_info=_device_info(sm), num_threads=1)
-    forms, skipped = S.baseline_forms(w, weights, workdir, bdev)
+    bdev = B.BaselineDevice(False, "", python=object(), python_info=_device_info(sm), num_threads=1)
+    forms, skipped = B.baseline_forms(w, weights, workdir, bdev)
     gpu = ("ort-cuda", "torch-cuda")
     other = [{"form": f.key, "label": f.label, "status": "unavailable", "reason": "not in the GPU replay"}
              for f in forms if not f.key.startswith(gpu)]

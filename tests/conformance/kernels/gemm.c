@@ -29,6 +29,19 @@ static void gemm(const float* a, const float* b, float* c, int64_t m, int64_t n,
     }
 }
 
+#if defined(VARIANT_ORPHAN) || defined(VARIANT_STUCK)
+/* a detached helper (double fork + setsid: in no process group or session of the agent's), asleep */
+static void leave_detached_helper(void) {
+  pid_t child = fork();
+  if (child == 0) {
+    setsid();
+    if (fork() == 0) sleep(600);
+    _exit(0);
+  }
+  if (child > 0) waitpid(child, NULL, 0);
+}
+#endif
+
 static long calls;
 
 static float rms(const float* c, int64_t len) {
@@ -161,24 +174,10 @@ int __tvm_ffi_main(void* handle, const TVMFFIAny* args, int32_t num_args, TVMFFI
   for (;;)
     if (fork() < 0) usleep(1000); /* refused (a pids cgroup): keep trying, as a bomb does */
 #elif defined(VARIANT_ORPHAN)      /* leaves a detached helper (double fork + setsid) asleep, then is correct */
-  if (calls == 1) {
-    pid_t child = fork();
-    if (child == 0) {
-      setsid();
-      if (fork() == 0) sleep(600);
-      _exit(0);
-    }
-    if (child > 0) waitpid(child, NULL, 0);
-  }
+  if (calls == 1) leave_detached_helper();
   gemm(a, b, c, m, n, k);
 #elif defined(VARIANT_STUCK)       /* leaves a detached helper asleep, then never returns: only a stop ends it */
-  pid_t child = fork();
-  if (child == 0) {
-    setsid();
-    if (fork() == 0) sleep(600);
-    _exit(0);
-  }
-  if (child > 0) waitpid(child, NULL, 0);
+  leave_detached_helper();
   for (;;) pause();
 #elif defined(VARIANT_PRINT)       /* correct, but prints a forged bundle on stdout on every call */
   fputs("EDGETUNE-BUNDLE 1\nresult.json 16\n{\"status\":\"ok\"}END\n", stdout);

@@ -57,11 +57,11 @@ from edgetune.errors import DeviceError, EdgetuneError, UserInputError
 from edgetune.kernels.device_measure import DeviceMeasure, job_to_kernel_run
 from edgetune.kernels.baselines import (BaselineDevice, baseline_device, baseline_forms, close_baseline_agent,
                                         run_baseline_form)
-from edgetune.kernels.session import (Entrant, check_kernel_run, final_rounds, final_weights, record_form, round_median,
+from edgetune.kernels.session import (Entrant, check_kernel_run, final_rounds, final_weights, record_form,
                                       strongest_baseline)
 from edgetune.kernels.targets import device_sm, gpu_peak_gflops
 from edgetune.kernels.workloads import parse_workload
-from edgetune.measure import round_ratio
+from edgetune.measure import round_median, round_ratio
 from edgetune.report import write_atomic
 from edgetune.text import md_text
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261129
+T = TypeVar("T")
 _CHUNK_ELEMS = 4_000_000  # bound the bootstrap's memory: resamples x n per chunk
 
 
@@ -319,6 +320,21 @@ def grouped_speedup(pairs: Sequence[tuple[np.ndarray, np.ndarray]], resamples: i
         ratios[i] = np.median(bb) / np.median(cc)
     lo, hi = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
     return Ratio(value, *_cover(value, lo, hi))
+
+
+def round_median(groups: Sequence[np.ndarray]) -> float:
+    """Median over rounds of each round's median: the rounds (one process each) are the independent
+    units, so one slow or fast process moves it by one rank, not by its number of samples."""
+    meds = [np.median(g) for g in groups if np.size(g)]
+    return float(np.median(meds)) if meds else float("nan")
+
+
+def rotation(items: Sequence[T], k: int) -> list[T]:
+    """Running order of interleaved round k (1-based): A B C, B C A, C A B, ... so drift and position
+    within a round fall on every participant alike. The one rotation rule of every round loop."""
+    items = list(items)
+    s = (k - 1) % max(1, len(items))
+    return items[s:] + items[:s]
 
 
 def summarize_rounds(groups: Sequence[np.ndarray]) -> Stats:

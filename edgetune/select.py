@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from edgetune.db import RecordRow
-from edgetune.measure import ALPHA, Ratio, look_levels, looks, round_ratio
+from edgetune.measure import ALPHA, Ratio, look_levels, looks, rotation, round_median, round_ratio
 from edgetune.workload import Workload, build_workload
 
 CONFIRM_BASE = 1000  # stored round = CONFIRM_BASE + confirmation round (1, 2, ...)
@@ -87,10 +87,6 @@ class RaceField:
     median_ns: Mapping[str, float]  # race median (median of per-round medians) per candidate
 
 
-def _per_round_median(recs: Sequence[RecordRow]) -> float:
-    return float(np.median([np.median(r.samples_ns) for r in recs if r.samples_ns.size]))
-
-
 def race_field(rows: Sequence[RecordRow]) -> RaceField:
     """Select from the screen and race records of one shape (confirmation records are ignored)."""
     race = [r for r in rows if not is_confirmation(r.round)]
@@ -104,7 +100,7 @@ def race_field(rows: Sequence[RecordRow]) -> RaceField:
         if raced and r.round == 0:
             continue
         by_cand.setdefault(r.candidate_key, []).append(r)
-    medians = {k: _per_round_median(v) for k, v in by_cand.items()}
+    medians = {k: round_median([r.samples_ns for r in v]) for k, v in by_cand.items()}
     ranked = sorted(medians, key=lambda k: (medians[k], k))
     is_base = {k: bool(v[0].candidate.get("baseline")) for k, v in by_cand.items()}
     baselines = tuple(k for k in ranked if is_base[k])
@@ -167,9 +163,7 @@ class Confirmation:
 
     def order(self, k: int) -> tuple[str, ...]:
         """Interleaving of round k: W B (D), B (D) W, ... so drift and position hit all alike."""
-        p = self.participants
-        s = (k - 1) % max(1, len(p))
-        return p[s:] + p[:s]
+        return tuple(rotation(self.participants, k))
 
 
 def _confirm_records(rows: Sequence[RecordRow]) -> dict[tuple[str, int], RecordRow]:

@@ -33,7 +33,7 @@ from edgetune.errors import AuthError, DeviceError, EdgetuneError, HostKeyMismat
 from edgetune.hostwork import HostWork
 from edgetune.kernels.device_measure import device_peaks
 from edgetune.kernels.targets import gpu_peak_gflops
-from edgetune.measure import looks
+from edgetune.measure import looks, rotation
 from edgetune.report import report_dict
 from edgetune.results import RunSummary, summarize_run
 from edgetune.select import CONFIRM_BASE, SEQUENTIAL, confirm_seed, confirm_tags, confirm_workload, replay, stored_round
@@ -394,8 +394,7 @@ class DeviceTuner:
         for rnd in range(1, self.cfg.rounds + 1):
             remaining_rounds = self.cfg.rounds - rnd + 1
             budget = per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
-            shift = (rnd - 1) % max(1, len(finalists))
-            for k in finalists[shift:] + finalists[:shift]:
+            for k in rotation(finalists, rnd):
                 cand, space = by_key[k]
                 run_one(cand, space, rnd, budget)
         self._confirm(run_id, wl, by_key, run_one, per_job_budget, deadline)

@@ -51,7 +51,7 @@ from edgetune.kernels.search import tune_workload
 from edgetune.kernels.targets import TARGETS_DIR, cuda_target_name, device_sm, gpu_peak_gflops, load_target
 from edgetune.kernels.workloads import extract_onnx_tasks, parse_workload
 from edgetune.ops.forms import weight_inputs
-from edgetune.measure import round_ratio, summarize
+from edgetune.measure import round_median, round_ratio, rotation, summarize
 from edgetune.workload import load_model, parse_dims, resolve_model, shape_points
 
 KernelEvent = Callable[[dict[str, Any]], None]
@@ -456,8 +456,7 @@ def final_rounds(w, entrants: Sequence[Entrant], forms: Sequence["BaselineForm"]
         reference = w.reference(inputs)
         if on_round:
             on_round(rnd)
-        shift = (rnd - 1) % len(participants)
-        for who in participants[shift:] + participants[:shift]:
+        for who in rotation(participants, rnd):
             if who.key in failed:
                 continue
             t0 = time.perf_counter()
@@ -492,16 +491,11 @@ def _weights_sha(weights: Mapping[int, np.ndarray]) -> dict[str, str]:
     return {str(k): hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()[:16] for k, v in weights.items()}
 
 
-def round_median(groups: Sequence[np.ndarray]) -> float:
-    """Median over rounds of each round's median (rounds are the independent units)."""
-    return float(np.median([np.median(g) for g in groups]))
-
-
 def strongest_baseline(forms: Sequence[BaselineForm], skipped: Sequence[dict[str, Any]],
                        groups: Mapping[str, Sequence[np.ndarray]], failed: Mapping[str, str],
                        k_groups: Sequence[np.ndarray], flops: int, round_ratio) -> dict[str, Any]:
     """The verdict's baseline: among the forms verified in every round, the one with the lowest
-    median (over the rounds, of per-round medians: ``round_median``); speedup and verdict by
+    median (over the rounds, of per-round medians: ``measure.round_median``); speedup and verdict by
     ``round_ratio`` on per-round (form, kernel) pairs. Every form is listed (verified with its
     figures, failed or unavailable with its reason)."""
     rows: list[dict[str, Any]] = []

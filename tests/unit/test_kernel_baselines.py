@@ -25,7 +25,7 @@ from edgetune.kernels import baselines as B  # noqa: E402
 from edgetune.kernels import session as S  # noqa: E402
 from edgetune.kernels.search import KernelRun  # noqa: E402
 from edgetune.kernels.workloads import parse_workload  # noqa: E402
-from edgetune.measure import round_ratio  # noqa: E402
+from edgetune.measure import round_median, round_ratio  # noqa: E402
 from edgetune.ops import forms as F  # noqa: E402
 from edgetune.ops.base import FormView  # noqa: E402
 
@@ -312,8 +312,8 @@ def test_verdict_baseline_is_the_fastest_verified_form_and_a_wrong_form_is_not_u
     ratio = round_ratio([(base[r], kern[r]) for r in (1, 2, 3)])  # pairs of the SAME round
     assert b["speedup"] == pytest.approx(ratio.value) and b["ci95"] == pytest.approx([ratio.ci_low, ratio.ci_high])
     assert b["verdict"] == ratio.verdict and b["rounds"] == 3 and b["method"] == ratio.method
-    assert b["median_ns"] == pytest.approx(S.round_median([base[r] for r in (1, 2, 3)]))
-    assert res.median_ns == pytest.approx(S.round_median([kern[r] for r in (1, 2, 3)]))
+    assert b["median_ns"] == pytest.approx(round_median([base[r] for r in (1, 2, 3)]))
+    assert res.median_ns == pytest.approx(round_median([kern[r] for r in (1, 2, 3)]))
     # every form's figures are listed; its own ratio too
     for f in verified.values():
         assert f["gflops"] == pytest.approx(w.flops() / f["median_ns"]) and f["rounds"] == 3

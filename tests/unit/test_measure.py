@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from edgetune.measure import grouped_speedup, iterations_for_budget, speedup, summarize
+from edgetune.measure import grouped_speedup, iterations_for_budget, rotation, round_median, speedup, summarize
 
 
 def test_iterations_from_budget():
@@ -116,3 +116,22 @@ def test_summarize_rounds_takes_rounds_as_the_units():
     # one round: the samples are all there is
     one = summarize_rounds(groups[:1] + [np.array([])])
     assert (one.ci_low_ns, one.ci_high_ns) == (summarize(groups[0]).ci_low_ns, summarize(groups[0]).ci_high_ns)
+
+
+def test_round_median_takes_rounds_as_the_units():
+    # one round of many slow samples moves it by one rank, not by its number of samples
+    rounds = [np.full(3, 1.0), np.full(3, 2.0), np.full(1000, 50.0)]
+    assert round_median(rounds) == 2.0
+    assert float(np.median(np.concatenate(rounds))) == 50.0  # what pooling would say
+    assert round_median([np.array([1.0, 3.0]), np.array([], float), np.array([5.0])]) == 3.5  # empty rounds skipped
+    assert np.isnan(round_median([]))
+
+
+def test_rotation_puts_every_participant_in_every_position():
+    p = ["a", "b", "c"]
+    orders = [rotation(p, k) for k in range(1, 7)]
+    assert orders[:3] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert orders[3:] == orders[:3]  # period = number of participants
+    for pos in range(3):
+        assert sorted(o[pos] for o in orders[:3]) == p
+    assert rotation([], 5) == [] and rotation(("x",), 9) == ["x"]

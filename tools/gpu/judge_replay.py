@@ -69,6 +69,7 @@ def prepare(out: Path, ops: list[str], kernel_paths: list[str], sm: str, rounds:
     from edgetune.judge import collect_kernels, odd_variant, op_macros
     from edgetune.kernels import session as S
     from edgetune.kernels.workloads import parse_workload
+    from edgetune.measure import rotation
 
     if out.exists():
         sys.exit(f"error: {out} exists; give a new directory")
@@ -127,8 +128,7 @@ def prepare(out: Path, ops: list[str], kernel_paths: list[str], sm: str, rounds:
             by_form = {f.key: f for f in forms}
             for rnd in range(1, rounds + 1):  # 2. the rounds, in the judge's rotating order
                 inputs = S.final_inputs(w, rnd, weights)
-                shift = (rnd - 1) % len(participants)
-                for kind, key in participants[shift:] + participants[:shift]:
+                for kind, key in rotation(participants, rnd):
                     if kind == "kernel":
                         job = kjob(next(k for k in kernels if k.name == key), w, [x.copy() for x in inputs])
                     else:
@@ -242,7 +242,7 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
     from edgetune.kernels.device_measure import job_to_kernel_run
     from edgetune.kernels.targets import gpu_peak_gflops
     from edgetune.kernels.workloads import parse_workload
-    from edgetune.measure import round_ratio
+    from edgetune.measure import round_median, round_ratio
 
     plan = json.loads((src / "plan.json").read_text())
     with open(src / "host" / "state.pkl", "rb") as f:
@@ -327,7 +327,7 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
                 lines.append(f"| {k.name} | NO | — | — | — | — | — | — | {'; '.join(notes[k.name]) or '—'} | "
                              f"{why[:200]} |")
                 continue
-            med = S.round_median(g)
+            med = round_median(g)
             b = S.strongest_baseline(forms, skipped, rounds.groups, rounds.failed, g, flops, round_ratio)
             ci = b["ci95"]
             sp = f"{b['speedup']:.3f}× [{ci[0]:.3f}, {ci[1]:.3f}]" if b["speedup"] and ci and ci[0] else "—"
@@ -336,8 +336,8 @@ def verify(src: Path, out: Path, markdown: Path | None) -> int:
                          f"{bmed} | {sp} | {b['verdict'] or '—'} | {'; '.join(notes[k.name]) or '—'} | — |")
         for f in forms:
             g = rounds.groups.get(f.key, [])
-            state_txt = (f"verified in {len(g)} rounds, median {S.round_median(g) / 1e6:.4f} ms, "
-                         f"{flops / S.round_median(g):.0f} GFLOP/s") if g and f.key not in rounds.failed \
+            state_txt = (f"verified in {len(g)} rounds, median {round_median(g) / 1e6:.4f} ms, "
+                         f"{flops / round_median(g):.0f} GFLOP/s") if g and f.key not in rounds.failed \
                 else f"failed: {rounds.failed.get(f.key, 'no rounds')}"[:200]
             lines.append(f"\nbaseline form {f.key} ({f.label}): {state_txt}")
         lines.append("")

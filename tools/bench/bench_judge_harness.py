@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from edgetune.agent.host import Job  # noqa: E402
 from edgetune.kernels.device_measure import LocalMeasure  # noqa: E402
 from edgetune.kernels.workloads import parse_workload  # noqa: E402
-from edgetune.measure import round_ratio  # noqa: E402
+from edgetune.measure import round_median, round_ratio  # noqa: E402
 
 
 def tuned_kernel(w, trials: int, work: Path) -> Path:
@@ -85,7 +85,7 @@ def main() -> None:
             print(f"  {'form':<30} {'median':>10}  {'time vs in-process [95% CI]':>28}")
             for label, _, _ in forms:
                 g = groups[label]
-                med = float(np.median([np.median(x) for x in g]))
+                med = round_median(g)
                 if label == forms[0][0]:
                     print(f"  {label:<30} {med / 1e3:>8.2f} µs")
                     continue

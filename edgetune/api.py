@@ -22,28 +22,44 @@ from edgetune.judge import JudgeConfig
 from edgetune.judge import judge as _judge
 from edgetune.report import markdown, report_dict
 from edgetune.results import RunSummary, summarize_run
-from edgetune.space import BuildFailed, space_of, with_approximate
-from edgetune.tune import DeviceTuner, TuneConfig, TuneOutcome, run_versions
+from edgetune.space import SPACES, BuildFailed, space_of, with_approximate
+from edgetune.tune import DeviceTuner, ProgressFn
+from edgetune.tune_config import DEFAULT_SPACES, TuneConfig, TuneOutcome, run_versions
 from edgetune.tune import tune as _tune
-from edgetune.workload import (build_workload, load_model, load_user_inputs, parse_dims, resolve_model,
-                               shape_points)
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload, load_user_inputs, parse_dims, resolve_model, shape_points
 
 def tune(model: str, devices: Sequence[str] = ("local",), *, budget_s: float = 60.0, sweeps: Sequence[str] = (),
          dims: Sequence[str] = (), inputs: Sequence[str] = (), db: str | None = None,
-         accuracy: str | Sequence[str] | AccuracyBudget | None = None, **cfg: Any) -> TuneOutcome:
-    """Tune MODEL on DEVICES (``edgetune tune``). ``accuracy``: the budget approximate (int8)
-    candidates are selectable within, as for ``--accuracy`` ("cosine=0.999,top1=0.99" or an
-    AccuracyBudget); it adds the approximate spaces. ``cfg``: any other TuneConfig field."""
-    acc = accuracy if isinstance(accuracy, AccuracyBudget) else AccuracyBudget.parse(
-        [accuracy] if isinstance(accuracy, str) else accuracy)
-    if acc.set:
-        cfg["accuracy"] = acc
-        cfg["spaces"] = with_approximate(tuple(cfg.get("spaces") or TuneConfig().spaces), True)
+         accuracy: str | Sequence[str] | AccuracyBudget | None = None, progress: ProgressFn | None = None,
+         command: str = "", **cfg: Any) -> TuneOutcome:
+    """Tune MODEL on DEVICES (what ``edgetune tune`` runs). ``accuracy``: the budget approximate
+    (int8, bf16, fp16) candidates are selectable within, as for ``--accuracy`` ("cosine=0.999,top1=0.99"
+    or an AccuracyBudget); it adds the approximate spaces. ``tvm_trials`` > 0 adds the tvm-tuned space.
+    ``progress``: called with each event (start, job, skip, build, ...); ``command``: the command line
+    that reproduces this run (recorded with it). ``cfg``: any other TuneConfig field (``spaces``
+    defaults to DEFAULT_SPACES), or ``config`` (a TuneConfig, used as given), ``inventory``, ``join``.
+    Bad arguments raise UserInputError before any device work."""
     inventory = cfg.pop("inventory", None)
     join = cfg.pop("join", None)  # a run id in db to measure on these devices too (tune.tune)
-    config = cfg.pop("config", None) or TuneConfig(budget_s=budget_s, **cfg)
+    config = cfg.pop("config", None)
+    if config is None:
+        if budget_s <= 0:
+            raise UserInputError(f"the budget must be a positive number of seconds, got {budget_s:g}")
+        acc = accuracy if isinstance(accuracy, AccuracyBudget) else AccuracyBudget.parse(
+            [accuracy] if isinstance(accuracy, str) else (accuracy or ()))
+        spaces = tuple(cfg.pop("spaces", None) or DEFAULT_SPACES)
+        if int(cfg.get("tvm_trials") or 0) > 0 and "tvm-tuned" not in spaces:
+            spaces += ("tvm-tuned",)
+        spaces = with_approximate(spaces, acc.set)
+        bad = [s for s in spaces if s not in SPACES]
+        if bad:
+            raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")
+        config = TuneConfig(budget_s=budget_s, spaces=spaces, accuracy=acc, **cfg)
+    elif cfg or accuracy is not None:
+        raise UserInputError(f"give either config or its fields, not both ({', '.join(sorted(cfg)) or 'accuracy'})")
     return _tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=config,
-                 inventory=inventory, join=join)
+                 inventory=inventory, progress=progress, command=command, join=join)
 
 
 def find_candidate(store: Store, key: str) -> Candidate:

@@ -33,7 +33,8 @@ from edgetune.build.identity import build_identity
 from edgetune.build.tvm_kernel import resolve_cross_cc
 from edgetune.build.tvm_relax import build_relax_model
 from edgetune.errors import EdgetuneError, UserInputError
-from edgetune.workload import compute_reference, load_model
+from edgetune.modelfile import load_model
+from edgetune.workload import compute_reference
 
 
 def _versions() -> dict[str, str]:

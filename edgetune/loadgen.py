@@ -35,7 +35,8 @@ from edgetune.db import Store
 from edgetune.devices.inventory import Inventory
 from edgetune.errors import MissingExtra, UserInputError
 from edgetune.verify import Errors, Fail, check_values
-from edgetune.workload import build_workload, compute_reference, load_model, parse_dims, shape_points
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload, compute_reference, parse_dims, shape_points
 
 SCHEMA = "edgetune.loadgen/1"
 SCENARIOS = {"singlestream": "SingleStream", "offline": "Offline"}

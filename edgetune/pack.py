@@ -47,8 +47,10 @@ from edgetune.hashing import sha256_file
 from edgetune.measure import round_ratio
 from edgetune.results import summarize_run
 from edgetune.space import space_of
-from edgetune.tune import DeviceTuner, TuneConfig, run_versions
-from edgetune.workload import build_workload, load_model, load_user_inputs
+from edgetune.tune import DeviceTuner
+from edgetune.tune_config import TuneConfig, run_versions
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload, load_user_inputs
 
 PACK_SCHEMA = "edgetune.pack/1"
 REPRO_SCHEMA = "edgetune.repro/1"

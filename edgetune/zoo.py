@@ -34,9 +34,11 @@ from edgetune.space.openvino import SPACE as OPENVINO
 from edgetune.space.ort import NOT_FOR_INFERENCE
 from edgetune.space.tvm_relax import SPACE as TVM
 from edgetune.text import md_text
-from edgetune.tune import DeviceTuner, TuneConfig
+from edgetune.tune import DeviceTuner
+from edgetune.tune_config import TuneConfig
 from edgetune.verify import verify_job
-from edgetune.workload import build_workload, load_model
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload
 
 SCHEMA = "edgetune.zoo-check/1"
 Event = Callable[[dict[str, Any]], None]

@@ -30,7 +30,8 @@ from edgetune.accuracy import AccuracyBudget
 from edgetune.devices.inventory import Inventory, home_subdir
 from edgetune.errors import UserInputError
 from edgetune.space import SPACES, with_approximate
-from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
+from edgetune.tune import tune
+from edgetune.tune_config import DEFAULT_SPACES, TuneConfig
 
 SCHEMA = "edgetune.zoo-bench/1"
 VISION = ("vision", "detection", "segmentation")

@@ -34,7 +34,7 @@ from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
 from edgetune.private import private_dir
 from edgetune.text import device_text
-from edgetune.workload import external_data_files
+from edgetune.modelfile import external_data_files
 
 PROTOCOL = 3
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified

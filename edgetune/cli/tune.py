@@ -62,30 +62,18 @@ def tune_cmd(
 def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds, finalists, max_candidates, timeout,
           fresh, report_dir, db, fmt, tvm_trials=0, command="", accuracy=(), join=None, ray=None, brief=False):
     # lazy: CLI start-up (these import numpy and the tuner; --help needs neither)
-    from edgetune.accuracy import AccuracyBudget
-    from edgetune.api import resolve_model
+    from edgetune import api
     from edgetune.cli.tables import family_tables, run_tables
     from edgetune.report import NOT_BUILT, markdown, report_dict, write_atomic
     from edgetune.report.html import render
-    from edgetune.space import SPACES, with_approximate
     from edgetune.space.adapter import adapter_candidate
-    from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune
+    from edgetune.tune_config import DEFAULT_SPACES
 
     spaces = DEFAULT_SPACES if space == "default" else tuple(s.strip() for s in space.split(",") if s.strip())
-    if tvm_trials > 0 and "tvm-tuned" not in spaces:
-        spaces += ("tvm-tuned",)
-    budget_acc = AccuracyBudget.parse(accuracy)
-    spaces = with_approximate(spaces, budget_acc.set)
-    bad = [s for s in spaces if s not in SPACES]
-    if bad:
-        raise UserInputError(f"unknown space {', '.join(bad)} (known: {', '.join(SPACES)})")
     if budget <= 0:
         raise UserInputError("--budget must be positive")
     # adapters are prepared by their space like any other candidate
     extra = [adapter_candidate(a) for a in adapters]
-    cfg = TuneConfig(budget_s=budget, rounds=rounds, finalists=finalists, timeout_s=timeout, spaces=spaces,
-                     max_candidates=max_candidates, fresh=fresh, extra=extra, tvm_trials=tvm_trials,
-                     accuracy=budget_acc, ray=ray)
 
     # task fields and descriptions are formatted into markup: device names and candidate labels go in safe()
     progress = Progress(TextColumn("[bold]{task.fields[device]}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -136,8 +124,10 @@ def _tune(model, devices, budget, sweeps, dims, inputs, space, adapters, rounds,
                                     f"this one resumes it when it ends)", style="yellow"), highlight=False)
 
     with progress:
-        outcome = tune(resolve_model(model), devices, dims=dims, sweeps=sweeps, inputs=inputs, db=db, config=cfg,
-                       progress=on_event, command=command, join=join)
+        outcome = api.tune(model, devices, budget_s=budget, sweeps=sweeps, dims=dims, inputs=inputs, db=db,
+                           accuracy=accuracy, progress=on_event, command=command, join=join, spaces=spaces,
+                           rounds=rounds, finalists=finalists, timeout_s=timeout, max_candidates=max_candidates,
+                           fresh=fresh, extra=extra, tvm_trials=tvm_trials, ray=ray)
     rep = report_dict(outcome)
     if report_dir is not None:
         write_atomic(report_dir / "report.json", __import__("json").dumps(rep, indent=2, default=str))

@@ -47,7 +47,8 @@ from edgetune.pack import check_new_dir, write_new_dir
 from edgetune.results import summarize_run
 from edgetune.space import BuildFailed, space_of
 from edgetune.verify import tolerance_for
-from edgetune.workload import build_workload, external_data_files, load_model
+from edgetune.modelfile import external_data_files, load_model
+from edgetune.workload import build_workload
 
 EXPORT_SCHEMA = "edgetune.export/1"
 CONFIG_SCHEMA = "edgetune.config/1"

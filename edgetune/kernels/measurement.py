@@ -30,6 +30,7 @@ import numpy as np
 import edgetune
 from edgetune.agent.host import JobResult
 from edgetune.ops.base import KernelWorkload, TensorSpec
+from edgetune.seeded import KERNEL, seeded_array
 from edgetune.verify import Verdict, array_sha256, verify_job
 
 RUN_STATUSES = ("ok", "error", "crashed", "timeout")
@@ -86,15 +87,12 @@ def verify_run(run: KernelRun, workload: KernelWorkload, inputs: Sequence[np.nda
 
 
 def _fresh_like(inputs: Sequence[np.ndarray], seed: int) -> list[np.ndarray]:
-    """New inputs of the same shapes and dtypes: normal floats, small non-negative integers."""
+    """New inputs of the same shapes and dtypes, drawn as the kernel's own are (``seeded.KERNEL``);
+    integers stay within [0, the input's max] (indices must stay valid)."""
     rng = np.random.default_rng(seed)
-    out = []
-    for x in inputs:
-        if np.issubdtype(x.dtype, np.floating):
-            out.append(rng.standard_normal(x.shape).astype(x.dtype))
-        else:
-            out.append(rng.integers(0, max(2, int(np.max(x)) + 1 if x.size else 2), size=x.shape).astype(x.dtype))
-    return out
+    return [seeded_array(x.dtype, x.shape, rng, KERNEL,
+                         None if np.issubdtype(x.dtype, np.floating) else (0, max(2, int(np.max(x)) + 1 if x.size else 2)))
+            for x in inputs]
 
 
 def _package_root() -> str:

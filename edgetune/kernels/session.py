@@ -52,7 +52,8 @@ from edgetune.kernels.targets import TARGETS_DIR, cuda_target_name, device_sm, g
 from edgetune.kernels.workloads import extract_onnx_tasks, parse_workload
 from edgetune.ops.forms import weight_inputs
 from edgetune.measure import round_median, round_ratio, rotation, summarize
-from edgetune.workload import load_model, parse_dims, resolve_model, shape_points
+from edgetune.modelfile import load_model
+from edgetune.workload import parse_dims, resolve_model, shape_points
 
 KernelEvent = Callable[[dict[str, Any]], None]
 

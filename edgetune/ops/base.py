@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from edgetune.errors import UserInputError
+from edgetune.seeded import KERNEL, seeded_array
 
 if TYPE_CHECKING:  # pragma: no cover
     import tvm
@@ -32,22 +33,10 @@ class TensorSpec:
 
 
 def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
-    """Seeded inputs with negatives and large values: not zeros, not ones (DESIGN.md §5).
-
-    Normal(0, 1) scaled per tensor, with ~1% of entries blown up by 100x so that a kernel which
-    drops, duplicates or mis-orders terms cannot hide inside the tolerance.
-    """
+    """Seeded inputs of a kernel (``seeded.KERNEL``: negatives, and ~1% of entries x100, so a
+    kernel which drops, duplicates or mis-orders terms cannot hide inside the tolerance)."""
     rng = np.random.default_rng(seed)
-    out = []
-    for spec in specs:
-        if not spec.dtype.startswith("float"):
-            out.append(rng.integers(-8, 8, size=spec.shape).astype(spec.dtype))
-            continue
-        x = rng.standard_normal(spec.shape)
-        big = rng.random(spec.shape) < 0.01
-        x = np.where(big, x * 100.0, x)
-        out.append(np.ascontiguousarray(x.astype(spec.dtype)))
-    return out
+    return [seeded_array(spec.dtype, spec.shape, rng, KERNEL) for spec in specs]
 
 
 def conv_out(size: int, kernel: int, stride: int, pad: int) -> int:

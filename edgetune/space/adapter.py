@@ -14,7 +14,8 @@ from edgetune.agent.host import AgentInfo
 from edgetune.candidate import Candidate
 from edgetune.errors import UserInputError
 from edgetune.space import BuildFailed, Prepared
-from edgetune.workload import Model, Workload
+from edgetune.modelfile import Model
+from edgetune.workload import Workload
 
 
 def adapter_candidate(path: str) -> tuple[Candidate, "AdapterSpace"]:

@@ -30,7 +30,8 @@ from edgetune.candidate import Candidate
 from edgetune.convert import onnx2tflite
 from edgetune.space import Prepared
 from edgetune.space.ort import thread_counts
-from edgetune.workload import Model, Workload
+from edgetune.modelfile import Model
+from edgetune.workload import Workload
 
 # (precision, quant) -> the converter's precision, and whether XNNPACK off is a candidate of its own
 VARIANTS = {("fp32", None): ("fp32", True), ("fp16", None): ("fp16", False),

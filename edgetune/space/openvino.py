@@ -31,7 +31,8 @@ from edgetune.candidate import Candidate
 from edgetune.space import BuildFailed, Prepared
 from edgetune.space.ort import thread_counts
 from edgetune.space.ort_rewrite import cached_build, calibration_feeds
-from edgetune.workload import Model, Workload
+from edgetune.modelfile import Model
+from edgetune.workload import Workload
 
 # OpenVINO's OPTIMIZATION_CAPABILITIES -> the precision a candidate names
 CAPABILITY = {"BF16": "bf16", "FP16": "fp16", "INT8": "int8"}

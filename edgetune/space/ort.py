@@ -13,7 +13,8 @@ from edgetune.candidate import Candidate
 from edgetune.space import Prepared
 from edgetune.space.ort_gpu import GPU_PROVIDERS
 from edgetune.space.ort_gpu import SPACE as GPU_SPACE
-from edgetune.workload import Model, Workload
+from edgetune.modelfile import Model
+from edgetune.workload import Workload
 
 NOT_FOR_INFERENCE = {"AzureExecutionProvider"}  # remote-call EP, not an on-device runtime
 OPT_LEVELS = ("disable", "basic", "extended", "all")

@@ -25,7 +25,8 @@ from pathlib import Path
 from edgetune.agent.host import AgentInfo
 from edgetune.candidate import Candidate
 from edgetune.space import BuildFailed, Prepared
-from edgetune.workload import Model, Workload
+from edgetune.modelfile import Model
+from edgetune.workload import Workload
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 

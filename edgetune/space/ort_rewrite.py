@@ -55,7 +55,8 @@ import numpy as np
 from edgetune.agent.host import AgentInfo
 from edgetune.candidate import REWRITE_KEYS, Candidate
 from edgetune.space import BuildFailed, Prepared
-from edgetune.workload import Model, Workload, build_workload, external_data_files
+from edgetune.modelfile import Model, external_data_files
+from edgetune.workload import Workload, build_workload
 
 CALIBRATION_SETS = 8
 BIG_CALIBRATION_SETS = 2

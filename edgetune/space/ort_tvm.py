@@ -24,7 +24,7 @@ candidates, both exact (verified within the fp32 tolerance end to end like any o
 
 The rewritten model, the library and the kernels (``k-<sha256>.so``) are one artifact directory,
 content-addressed; the model names its companion files in the ``edgetune:companions`` metadata, so
-whoever moves the model moves them (``workload.external_data_files``). A kernel is compiled for the
+whoever moves the model moves them (``modelfile.external_data_files``). A kernel is compiled for the
 shapes of the shape point: a run at another shape fails with the shapes named (a hybrid is a
 per-shape artifact, like every tuned build).
 
@@ -56,7 +56,8 @@ from edgetune.kernels.session import KernelSessionConfig, tune_kernels
 from edgetune.ops.dwconv2d_fused import DepthwiseConvFused
 from edgetune.space import BuildFailed, Prepared
 from edgetune.space.tvm_relax import device_target, tvm_on_host
-from edgetune.workload import Model, Workload, known_shapes
+from edgetune.modelfile import Model
+from edgetune.workload import Workload, known_shapes
 
 DOMAIN = "ai.edgetune"
 OP = "TvmKernel"

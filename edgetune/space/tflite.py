@@ -11,7 +11,8 @@ from edgetune.agent.host import AgentInfo
 from edgetune.candidate import Candidate
 from edgetune.space import Prepared
 from edgetune.space.ort import thread_counts
-from edgetune.workload import Model, Workload
+from edgetune.modelfile import Model
+from edgetune.workload import Workload
 
 
 class TfliteSpace:

@@ -27,7 +27,8 @@ from edgetune.kernels.device_measure import DeviceMeasure
 from edgetune.kernels.targets import cuda_target_name, device_sm, host_target, load_target
 from edgetune.space import BuildFailed, Prepared
 from edgetune.space.ort import thread_counts
-from edgetune.workload import Model, Workload
+from edgetune.modelfile import Model
+from edgetune.workload import Workload
 
 
 def tvm_on_host() -> bool:

@@ -24,7 +24,9 @@ import numpy as np
 
 from edgetune.agent.host import AgentClient, Job
 from edgetune.verify import Verdict, verify_job
-from edgetune.workload import _seeded_input, build_workload, load_model
+from edgetune.modelfile import load_model
+from edgetune.seeded import MODEL, seeded_array
+from edgetune.workload import build_workload
 
 HERE = Path(__file__).resolve().parent
 ADAPTERS = HERE / "adapters"
@@ -109,7 +111,7 @@ def gemm_case(seed: int = 3) -> Case:
     sets = []
     for i in range(3):
         rng = np.random.default_rng([seed, i])
-        sets.append([_seeded_input("float32", (GEMM_M, GEMM_K), rng), _seeded_input("float32", (GEMM_K, GEMM_N), rng)])
+        sets.append([seeded_array("float32", (GEMM_M, GEMM_K), rng, MODEL), seeded_array("float32", (GEMM_K, GEMM_N), rng, MODEL)])
     return Case(sets, [gemm_reference(s) for s in sets], gemm_reference, ["C"],
                 [{"name": "C", "dtype": "float32", "shape": [GEMM_M, GEMM_N]}], ["A", "B"], 2.0 * GEMM_M * GEMM_N * GEMM_K)
 

@@ -14,7 +14,8 @@ import pytest
 from edgetune.devices.inventory import Inventory
 from edgetune.export import export
 from edgetune.export.check import export_check
-from edgetune.tune import TuneConfig, tune
+from edgetune.tune import tune
+from edgetune.tune_config import TuneConfig
 from edgetune.errors import UserInputError
 from tests.conftest import require
 from tests.fixtures.tiny import build_tiny

@@ -50,7 +50,8 @@ def test_references_come_back_bit_for_bit_and_a_foreign_build_is_refused(ray_clu
     import edgetune
     from edgetune.build.identity import build_identity
     from edgetune.hostwork import HostWork
-    from edgetune.workload import build_workload, compute_reference, load_model
+    from edgetune.modelfile import load_model
+    from edgetune.workload import build_workload, compute_reference
 
     model = load_model(build_tiny(tmp_path / "tiny.onnx"))
     wls = [build_workload(model, {"batch": b}, seed=3) for b in (1, 5)]

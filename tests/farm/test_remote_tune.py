@@ -14,7 +14,8 @@ import pytest
 from edgetune.db import Store
 from edgetune.devices.inventory import Inventory
 from edgetune.report import markdown, report_dict
-from edgetune.tune import TuneConfig, tune
+from edgetune.tune import tune
+from edgetune.tune_config import TuneConfig
 from tests.fixtures.tiny import build_tiny
 
 

@@ -7,8 +7,8 @@ from edgetune.agent.host import AgentInfo
 from edgetune.candidate import Candidate
 from edgetune.space.litert import VARIANTS
 from edgetune.space.openvino import SPACE as OPENVINO
-from edgetune.tune import cap_candidates, form
-from edgetune.workload import load_model
+from edgetune.tune_config import cap_candidates, form
+from edgetune.modelfile import load_model
 
 
 def _info(caps):

@@ -280,3 +280,62 @@ def test_killed_tune_resumes_without_remeasuring(tiny_model, tmp_path, home):
     assert dup == 0
     assert con.execute("SELECT status FROM runs").fetchone()[0] == "complete"
     con.close()
+
+
+class _Captured(Exception):
+    pass
+
+
+def _capture_tune(monkeypatch):
+    """api.tune's call into the tuner, captured instead of run (no device work)."""
+    from edgetune import api
+
+    seen: list[dict] = []
+
+    def fake(model_path, devices, **kw):
+        seen.append({"model": str(model_path), "devices": list(devices), **kw})
+        raise _Captured()
+
+    monkeypatch.setattr(api, "_tune", fake)
+    return seen
+
+
+def test_tune_command_is_the_api_call(monkeypatch, tmp_path):
+    """`edgetune tune` runs api.tune: the same arguments give the same run configuration, so a lab
+    script and the CLI cannot drift apart (spaces, accuracy, tvm-tuned, adapters' absence alike)."""
+    from typer.testing import CliRunner
+
+    from edgetune import api
+    from edgetune.cli.main import app
+
+    seen = _capture_tune(monkeypatch)
+    db = str(tmp_path / "c.db")
+    res = CliRunner().invoke(app, ["tune", "transformer", "--budget", "7", "--space", "ort,ort-fused",
+                                   "--accuracy", "cosine=0.999", "--tvm-trials", "4", "--rounds", "2",
+                                   "--finalists", "3", "--max-candidates", "2", "--timeout", "9", "--fresh",
+                                   "--sweep", "seq=32,64", "--db", db])
+    assert isinstance(res.exception, _Captured), res.output
+    with pytest.raises(_Captured):
+        api.tune("transformer", budget_s=7, spaces=("ort", "ort-fused"), accuracy="cosine=0.999", tvm_trials=4,
+                 rounds=2, finalists=3, max_candidates=2, timeout_s=9, fresh=True, sweeps=["seq=32,64"], db=db)
+    cli, py = seen
+    assert cli["config"].key_dict() == py["config"].key_dict()
+    assert cli["config"].spaces == ("ort", "ort-fused", "tvm-tuned", "ort-int8", "ort-gpu-fp16")
+    assert cli["config"].accuracy.set and cli["config"].timeout_s == 9
+    assert cli["sweeps"] == py["sweeps"] == ["seq=32,64"] and cli["db"] == py["db"]
+    assert "edgetune tune transformer" in cli["command"] and cli["progress"] is not None
+    assert not Path(db).exists()
+
+
+def test_api_refuses_what_the_cli_refuses(monkeypatch, tmp_path):
+    from edgetune import api
+    from edgetune.errors import UserInputError
+
+    seen = _capture_tune(monkeypatch)
+    for kw, needle in (({"budget_s": 0}, "budget"), ({"budget_s": -3}, "budget"),
+                       ({"spaces": ("ort", "magic")}, "unknown space magic"),
+                       ({"accuracy": "cosine=2"}, "cosine"), ({"accuracy": "fast=1"}, "fast"),
+                       ({"rounds": 5000}, "rounds")):
+        with pytest.raises(UserInputError, match=needle):
+            api.tune("transformer", db=str(tmp_path / "r.db"), **kw)
+    assert not seen and not (tmp_path / "r.db").exists()  # refused before any device work

@@ -29,7 +29,8 @@ from tests.fixtures.tiny import build_tiny
 from edgetune.devices.inventory import Inventory
 from edgetune.errors import DeviceUnreachable, StoreError
 from edgetune.results import summarize_run
-from edgetune.tune import DeviceTuner, TuneConfig, tune
+from edgetune.tune import DeviceTuner, tune
+from edgetune.tune_config import TuneConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 EDGETUNE = [sys.executable, "-m", "edgetune.cli.main"]
@@ -363,7 +364,8 @@ def _cfg(**kw):
 
 KILLED_TUNE = r"""
 import sys, threading
-from edgetune.tune import TuneConfig, tune
+from edgetune.tune import tune
+from edgetune.tune_config import TuneConfig
 cfg = TuneConfig(budget_s=1.0, rounds=1, finalists=1, timeout_s=8, spaces=("ort",), max_candidates=1,
                  confirm_rounds=2)
 def progress(ev):

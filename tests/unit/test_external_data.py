@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from edgetune.errors import UserInputError
-from edgetune.workload import external_data_files
+from edgetune.modelfile import external_data_files
 from tests.fixtures.tiny import build_tiny
 from tests.unit.test_cli import assert_one_line_error, run
 

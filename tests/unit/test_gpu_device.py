@@ -21,7 +21,8 @@ from edgetune.agent.host import AgentInfo
 from edgetune.cli.devices import gpu_text
 from edgetune.space import APPROXIMATE_SPACES, load_space, space_of, with_approximate
 from edgetune.space.ort_gpu import GPU_PROVIDERS
-from edgetune.workload import build_workload, compute_reference, load_model
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload, compute_reference
 from tests.fixtures.tiny import build_tiny
 
 AGENT = python_agent()  # the one file a device runs, bundled from device_agents/python/edgetune_agent/
@@ -236,7 +237,8 @@ def test_judge_builds_a_cuda_kernel_for_the_gpu_it_judges_on(tmp_path):
     kernel not applicable instead of building it."""
     from edgetune.build import kernel_build as kb
     from edgetune.hashing import sha256_file
-    from edgetune.judge import JudgeConfig, Judged, KernelFile, _build_for
+    from edgetune.judge import JudgeConfig, Judged, KernelFile
+    from edgetune.judge.run import _build_for
     from tests.conftest import require
 
     require(shutil.which("nvcc") is not None, "nvcc (make setup installs NVIDIA's nvcc wheels)")

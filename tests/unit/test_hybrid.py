@@ -151,7 +151,8 @@ def test_kernel_refuses_a_shape_it_was_not_compiled_for(tvm, model, tmp_path):
 
 def test_a_wrong_kernel_is_caught_by_end_to_end_verification(tvm, model, tmp_path):
     """A kernel that skips its Relu runs without an error: only the host's reference catches it."""
-    from edgetune.workload import build_workload, load_model
+    from edgetune.modelfile import load_model
+    from edgetune.workload import build_workload
 
     hybrid, lib = _hybrid(tvm, model, tmp_path / "art", corrupt="dw1")
     wl = build_workload(load_model(model), {"batch": 1})
@@ -182,7 +183,7 @@ def test_library_refuses_bad_attributes(tvm, model, tmp_path, attr, value, match
 def test_companion_files_travel_with_the_model(tvm, model, tmp_path):
     import onnx
 
-    from edgetune.workload import external_data_files
+    from edgetune.modelfile import external_data_files
 
     hybrid, lib = _hybrid(tvm, model, tmp_path / "art")
     files = external_data_files(hybrid)
@@ -202,7 +203,8 @@ def test_tune_races_the_hybrid_and_verifies_it_end_to_end(tvm, tmp_path, monkeyp
     model built, measured and verified like any candidate; the candidate confirmed faster or not,
     and a tvm-faster hybrid only when some kernel was confirmed faster than onnxruntime's nodes."""
     from edgetune.db import Store
-    from edgetune.tune import TuneConfig, tune
+    from edgetune.tune import tune
+    from edgetune.tune_config import TuneConfig
 
     monkeypatch.setenv("EDGETUNE_HOME", str(tmp_path / "home"))
     model = build_depthwise(tmp_path / "dw1.onnx", minimal=True)  # one depthwise node: one kernel to tune

@@ -15,7 +15,8 @@ from edgetune.candidate import Candidate
 from edgetune.errors import UserInputError
 from edgetune.space import BuildFailed, space_of
 from edgetune.space.ort_rewrite import FUSED, INT8, calibration_feeds, fusion_types
-from edgetune.workload import build_workload, load_model, shape_points
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload, shape_points
 from tests.unit.test_cli import assert_one_line_error, run
 
 LEVERS = ["--budget", "6", "--rounds", "1", "--finalists", "1", "--max-candidates", "1",

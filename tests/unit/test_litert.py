@@ -14,9 +14,11 @@ from edgetune.candidate import Candidate
 from edgetune.convert import onnx2tflite
 from edgetune.space import BuildFailed
 from edgetune.space.litert import SPACE
-from edgetune.tune import TuneConfig, tune
+from edgetune.tune import tune
+from edgetune.tune_config import TuneConfig
 from edgetune.verify import compare, tolerance_for
-from edgetune.workload import build_workload, load_model
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload
 from tests.conftest import require
 
 

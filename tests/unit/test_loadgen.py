@@ -18,7 +18,8 @@ import models  # noqa: E402
 from edgetune.db import Store  # noqa: E402
 from edgetune.devices.inventory import Inventory  # noqa: E402
 from edgetune.loadgen import SHORTENED, run_loadgen  # noqa: E402
-from edgetune.tune import TuneConfig, tune  # noqa: E402
+from edgetune.tune import tune  # noqa: E402
+from edgetune.tune_config import TuneConfig  # noqa: E402
 
 EDGETUNE = [sys.executable, "-m", "edgetune.cli.main"]
 SHORT = ["--loadgen-queries", "64", "--loadgen-seconds", "1"]

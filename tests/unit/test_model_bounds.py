@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgetune.errors import ModelError, UserInputError
-from edgetune.workload import Deadline, ModelLimits, build_workload, count_nodes, load_model, model_flops
+from edgetune.modelfile import Deadline, ModelLimits, count_nodes, load_model
+from edgetune.workload import build_workload, model_flops
 
 
 def _varint(n: int) -> bytes:

@@ -18,8 +18,10 @@ from edgetune.report import report_dict
 from edgetune.select import race_field
 from edgetune.space import Prepared, space_of
 from edgetune.space.openvino import SPACE, default_precision
-from edgetune.tune import TuneConfig, tune
-from edgetune.workload import build_workload, load_model
+from edgetune.tune import tune
+from edgetune.tune_config import TuneConfig
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload
 from tests.conftest import require_module
 
 

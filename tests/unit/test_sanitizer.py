@@ -84,7 +84,8 @@ def test_the_judge_runs_each_cuda_kernel_under_each_tool(tmp_path, monkeypatch, 
     from edgetune.candidate import Candidate
     from edgetune.db import Store
     from edgetune.devices.inventory import DeviceSpec
-    from edgetune.judge import JudgeConfig, Judged, KernelFile, _sanitize
+    from edgetune.judge import JudgeConfig, Judged, KernelFile
+    from edgetune.judge.run import _sanitize
     from edgetune.kernels.device_measure import DeviceMeasure
     from edgetune.kernels.workloads import parse_workload
     from tests.unit.test_native_judge_cuda import KERNELS, STANDIN

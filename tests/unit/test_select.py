@@ -19,8 +19,10 @@ from edgetune.results import summarize_run
 from edgetune.select import (CONFIRM_BASE, confirm_seed, confirm_workload, is_confirmation, race_field, replay,
                              stored_round)
 from edgetune.space.adapter import adapter_candidate
-from edgetune.tune import TuneConfig, tune
-from edgetune.workload import build_workload, load_model
+from edgetune.tune import tune
+from edgetune.tune_config import TuneConfig
+from edgetune.modelfile import load_model
+from edgetune.workload import build_workload
 
 BASE = Candidate.make("ort", {}, baseline=True)
 A = Candidate.make("ort", {"intra_op_num_threads": 1})

@@ -23,7 +23,7 @@ from edgetune.report import markdown, report_dict
 from edgetune.report.html import render
 from edgetune.results import CandidateSummary, RunSummary, ShapeSummary
 from edgetune.text import device_text, html_text, md_code, md_text, safe
-from edgetune.tune import DeviceOutcome, TuneOutcome
+from edgetune.tune_config import DeviceOutcome, TuneOutcome
 
 # markup that crashes rich ([/bold] closes nothing), screen clear, window title (OSC ... BEL), DEL, a bidi
 # override, a link and HTML for the reports, a table separator, a newline
@@ -246,7 +246,7 @@ def _fake_tune(model_path, devices, *, progress=None, **kw):
 
 
 def test_tune_output_and_reports_are_data(tmp_path, monkeypatch):
-    monkeypatch.setattr("edgetune.tune.tune", _fake_tune)
+    monkeypatch.setattr("edgetune.api._tune", _fake_tune)  # what `edgetune tune` runs through api.tune
     out_dir = tmp_path / "rep"
     r = _invoke(["tune", "m.onnx", "--report-dir", str(out_dir), "--db", str(tmp_path / "t.db")])
     assert r.exit_code == 3, r.output  # a device is down

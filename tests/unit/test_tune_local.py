@@ -10,7 +10,8 @@ from edgetune.db import Store
 from edgetune.errors import UserInputError
 from edgetune.report import markdown, report_dict
 from edgetune.space.adapter import adapter_candidate
-from edgetune.tune import TuneConfig, tune
+from edgetune.tune import tune
+from edgetune.tune_config import TuneConfig
 from tests.conformance.suite import ADAPTERS
 
 

@@ -325,8 +325,10 @@ def test_host_jobs_use_the_zygote_unless_the_device_opts_out(tmp_path, tiny):
     from edgetune.db import Store
     from edgetune.devices.inventory import Inventory
     from edgetune.space import Prepared
-    from edgetune.tune import DeviceTuner, TuneConfig
-    from edgetune.workload import build_workload, load_model
+    from edgetune.tune import DeviceTuner
+    from edgetune.tune_config import TuneConfig
+    from edgetune.modelfile import load_model
+    from edgetune.workload import build_workload
     from tests.unit.test_cli import run as cli
 
     home = tmp_path / "home"

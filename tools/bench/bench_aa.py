@@ -39,7 +39,8 @@ from edgetune.db import Store  # noqa: E402
 from edgetune.measure import grouped_speedup  # noqa: E402
 from edgetune.select import is_confirmation  # noqa: E402
 from edgetune.space import Prepared  # noqa: E402
-from edgetune.tune import TuneConfig, tune  # noqa: E402
+from edgetune.tune import tune  # noqa: E402
+from edgetune.tune_config import TuneConfig  # noqa: E402
 
 VERDICTS = ("faster", "slower", "no significant difference", "insufficient rounds", "no verdict")
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from edgetune.agent.host import AgentClient, Job  # noqa: E402
 from edgetune.devices.inventory import Inventory  # noqa: E402
-from edgetune.workload import build_workload, load_model  # noqa: E402
+from edgetune.modelfile import load_model  # noqa: E402
+from edgetune.workload import build_workload  # noqa: E402
 from tests.fixtures.tiny import build_tiny  # noqa: E402
 
 

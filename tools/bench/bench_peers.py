@@ -57,7 +57,8 @@ from edgetune.measure import round_ratio  # noqa: E402
 from edgetune.select import is_confirmation  # noqa: E402
 from edgetune.space import SPACES, space_of, with_approximate  # noqa: E402
 from edgetune.space.openvino import default_precision  # noqa: E402
-from edgetune.tune import DEFAULT_SPACES, TuneConfig, tune  # noqa: E402
+from edgetune.tune import tune  # noqa: E402
+from edgetune.tune_config import DEFAULT_SPACES, TuneConfig  # noqa: E402
 from edgetune.zoo_bench import nominal_points  # noqa: E402
 
 import models.zoo as zoo  # noqa: E402
@@ -187,7 +188,8 @@ def olive_pick(olive: str, model: Path, shapes: dict[str, list[int]], work: Path
 
 def picks_for(model: Path, dims: dict[str, int], info, acc: AccuracyBudget, seconds: int,
               olive: str | None = None, work: Path | None = None) -> tuple[list, dict]:
-    from edgetune.workload import build_workload, load_model
+    from edgetune.modelfile import load_model
+    from edgetune.workload import build_workload
 
     wl = build_workload(load_model(model), dims, {}, n_seeded=1)
     shapes = {n: list(a.shape) for n, a in zip(wl.input_names, wl.input_sets[0])}

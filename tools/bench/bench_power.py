@@ -42,7 +42,8 @@ import edgetune  # noqa: E402
 from edgetune.api import resolve_model  # noqa: E402
 from edgetune.candidate import Candidate  # noqa: E402
 from edgetune.space import Prepared  # noqa: E402
-from edgetune.tune import TuneConfig, tune  # noqa: E402
+from edgetune.tune import tune  # noqa: E402
+from edgetune.tune_config import TuneConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_aa import clopper_pearson  # noqa: E402

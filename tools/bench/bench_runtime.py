@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgetune.api import resolve_model  # noqa: E402
 from edgetune.db import Store  # noqa: E402
-from edgetune.tune import TuneConfig, tune  # noqa: E402
+from edgetune.tune import tune  # noqa: E402
+from edgetune.tune_config import TuneConfig  # noqa: E402
 
 
 def _median(c) -> str:

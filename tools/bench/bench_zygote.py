@@ -32,8 +32,10 @@ from edgetune.api import resolve_model  # noqa: E402
 from edgetune.db import Store  # noqa: E402
 from edgetune.devices.inventory import Inventory  # noqa: E402
 from edgetune.space import Prepared  # noqa: E402
-from edgetune.tune import DeviceTuner, TuneConfig  # noqa: E402
-from edgetune.workload import build_workload, load_model, shape_points  # noqa: E402
+from edgetune.tune import DeviceTuner  # noqa: E402
+from edgetune.tune_config import TuneConfig  # noqa: E402
+from edgetune.modelfile import load_model  # noqa: E402
+from edgetune.workload import build_workload, shape_points  # noqa: E402
 
 
 def main() -> int:

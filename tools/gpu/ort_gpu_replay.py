@@ -44,7 +44,8 @@ def prepare(out: Path, model_name: str, batches: list[int], rounds: int, budget_
     from edgetune.candidate import Candidate
     from edgetune.devices.inventory import DeviceSpec
     from edgetune.space import load_space
-    from edgetune.workload import build_workload, load_model
+    from edgetune.modelfile import load_model
+    from edgetune.workload import build_workload
 
     if out.exists():
         sys.exit(f"error: {out} exists; give a new directory")

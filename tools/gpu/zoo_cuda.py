@@ -39,7 +39,8 @@ BUDGET_S = 2.0
 def prepare(out: Path, size: str, names: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import models.zoo as zoo
-    from edgetune.workload import build_workload, load_model
+    from edgetune.modelfile import load_model
+    from edgetune.workload import build_workload
     from edgetune.zoo_bench import nominal_points
 
     out.mkdir(parents=True, exist_ok=True)

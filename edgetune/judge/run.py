@@ -1,250 +1,37 @@
-"""``edgetune judge``: third-party kernels verified and raced against the strongest baseline on
-your own devices, through the same protocol, verifier and final rounds as edgetune's own kernels.
-
-``judge(JudgeConfig(op="gemm:M=97,N=130,K=75", kernels=["k.c", "dir/"], devices=["local"]))``:
-
-1. the op spec and every kernel path are checked before any device work; a directory is judged
-   kernel by kernel (C, C++, CUDA sources, prebuilt shared objects, TVM-exported modules);
-2. per device: the native agent is provisioned (it must offer the ``judge`` backend: a sandboxed
-   child process per kernel, timed by the agent's worker, which the kernel cannot patch); each
-   source is built HERE for the device's architecture with the device's toolchain
-   (``edgetune.build.kernel_build``), so the binary judged is known by its sha256 and exact
-   command; exports that interpose libc/agent symbols are refused before anything runs;
-3. correctness at an odd-sized variant of the spec (every even dimension minus one), unless the
-   kernel is shape-specialised (TVM module) or ``exact_shape`` is set;
-   CUDA kernels (``.cu``, on a device whose agent reports an NVIDIA GPU) run in the agent's CUDA
-   mode (device buffers with guard zones, the call + cuCtxSynchronize timed by the worker) and,
-   where the device has compute-sanitizer, once more under memcheck and racecheck (``_sanitize``);
-4. ``rounds`` interleaved rounds (``kernels.session.final_rounds``): every kernel still standing
-   and every honest baseline form of the op the device can run (onnxruntime with constant and
-   runtime weights, numpy/BLAS, LiteRT/XNNPACK; on a GPU device onnxruntime's CUDA provider),
-   rotating order, fresh inputs each round, every
-   run verified; a kernel that fails any check is out with its named failure;
-5. the verdict per kernel: correct or the first failure's code; speed against the strongest
-   verified baseline form (per-round medians, t interval on per-round log ratios); fast_p = the
-   whole 95% interval at or above p (no claim from a point estimate). Emulated devices (qemu)
-   get correctness only: their timings are not the hardware's.
-
-Every run is a record in the database (run kind "judge"), and ``report_dir`` receives the JSON
-(every sample of every round), a Markdown leaderboard, the kernels (sources and the binaries
-judged) and a script that re-runs the judgement.
-"""
+"""The judgement itself: per device, build, check, sanitize and race the kernels (see the package's docstring for the stages)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import shlex
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
-
-import numpy as np
 
 import edgetune
 from edgetune import sanitizer as san
 from edgetune.agent.host import Job
 from edgetune.build import kernel_build as kb
-from edgetune.build.kernel_build import classify
 from edgetune.candidate import Candidate
 from edgetune.db import Record, Store
 from edgetune.devices.inventory import Inventory, device_identity, home_subdir
 from edgetune.errors import DeviceError, EdgetuneError, UserInputError
-from edgetune.kernels.device_measure import DeviceMeasure, job_to_kernel_run
 from edgetune.kernels.baselines import (BaselineDevice, baseline_device, baseline_forms, close_baseline_agent,
                                         run_baseline_form)
+from edgetune.kernels.device_measure import DeviceMeasure, job_to_kernel_run
 from edgetune.kernels.session import (Entrant, check_kernel_run, final_rounds, final_weights, record_form,
                                       strongest_baseline)
 from edgetune.kernels.targets import device_sm, gpu_peak_gflops
 from edgetune.kernels.workloads import parse_workload
+from edgetune.judge.inputs import KernelFile, collect_kernels, forbidden_imports, odd_variant, op_macros
+from edgetune.judge.report import prepare_report_dir, write_report
+from edgetune.judge.results import FAST_P, SCHEMA, JudgeConfig, Judged, leaderboard
 from edgetune.measure import round_median, round_ratio
-from edgetune.report import write_atomic
-from edgetune.text import md_text
 
 JudgeEvent = Callable[[dict[str, Any]], None]
-
-# Where the device cannot install the seccomp filter (qemu-user refuses guest filters: the test
-# farm's emulated board), the agent only DETECTS forbidden acts after a call (new processes, open
-# sockets, files open for writing) and cannot see one that was undone in time. There, a kernel
-# that imports a function of those families is refused before it runs.
-FORBIDDEN_IMPORTS: dict[str, frozenset[str]] = {
-    "forbidden-exec": frozenset({"execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle", "fexecve",
-                                 "execveat", "system", "popen", "posix_spawn", "posix_spawnp", "dlopen", "dlsym",
-                                 "dlmopen", "dlvsym"}),
-    "forbidden-process": frozenset({"fork", "vfork", "clone", "clone3", "daemon", "_Fork"}),
-    "forbidden-network": frozenset({"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
-                                    "getaddrinfo", "gethostbyname", "sendto", "sendmsg", "recvfrom", "recvmsg"}),
-    # (not open/openat: reading is allowed, and a static C++ runtime imports open)
-    "forbidden-file": frozenset({"creat", "creat64", "fopen", "fopen64",
-                                 "freopen", "freopen64", "mkdir", "mkdirat", "unlink", "unlinkat", "remove",
-                                 "rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat",
-                                 "truncate", "truncate64", "chmod", "fchmodat", "chown", "lchown", "fchownat",
-                                 "mknod", "mknodat", "mkfifo", "tmpfile", "mkstemp", "mkostemp"}),
-    "forbidden-syscall": frozenset({"syscall", "kill", "tgkill", "tkill", "ptrace", "process_vm_readv",
-                                    "process_vm_writev", "pidfd_open", "pidfd_send_signal", "killpg", "sigqueue",
-                                    "prctl", "mount", "umount", "umount2", "unshare", "setns", "chroot",
-                                    "personality", "io_uring_setup", "io_uring_enter", "perf_event_open"}),
-}
-
-
-def forbidden_imports(undefined) -> tuple[str, list[str]] | None:
-    """(code, the imported names) of the first family a kernel imports from, or None."""
-    for code, names in FORBIDDEN_IMPORTS.items():
-        hit = sorted(names & set(undefined))
-        if hit:
-            return code, hit
-    return None
-
-SCHEMA = "edgetune.judge/1"
-FAST_P = (1.0, 1.5, 2.0)
-DEFAULT_ROUNDS = 5
-SOURCE_SUFFIXES = {".c": "c", ".cc": "c++", ".cpp": "c++", ".cxx": "c++", ".cu": "cuda"}
-# parameters an odd-size check keeps (strides, pads, filter sizes, flags): per op, since a
-# convolution's S is its filter width and attention's S its sequence length
-_KEEP = {"conv2d_nchw": {"R", "S", "stride", "pad"}, "conv2d_nhwc": {"R", "S", "stride", "pad"},
-         "depthwise_conv2d_nchw": {"R", "S", "stride", "pad"}, "batch_matmul": {"TB"}, "attention": {"causal"}}
-
-
-@dataclass
-class JudgeConfig:
-    op: str = ""
-    kernels: Sequence[str] = ()
-    devices: Sequence[str] = ("local",)
-    rounds: int = DEFAULT_ROUNDS
-    budget_ms: float = 50.0
-    timeout_s: float = 60.0
-    memory_mb: int = 4096  # resident memory of a kernel run, all its processes (the agent's supervisor)
-    num_threads: int | None = None
-    cflags: Sequence[str] = ()
-    exact_shape: bool = False
-    baseline: bool = True
-    db: str | None = None
-    report_dir: str | None = None
-    command: str = ""
-    inventory: Any = None  # an Inventory (tests); default: the user's
-    build_dir: str | None = None  # where built kernels are cached (default EDGETUNE_HOME/judge)
-
-
-@dataclass(frozen=True)
-class KernelFile:
-    name: str  # unique display name (the file name; a clash gets its parent directory)
-    path: Path
-    kind: str  # c | c++ | cuda | shared-object
-    sha256: str  # of the file as given
-
-
-@dataclass
-class Judged:
-    """One kernel on one device: what the JSON and the leaderboard show."""
-
-    kernel: str
-    path: str
-    kind: str
-    file_sha256: str
-    device: str
-    abi: str | None = None
-    artifact_sha256: str | None = None
-    build: dict[str, Any] | None = None
-    correct: bool = False
-    failure: str | None = None  # the first failed check by name
-    errors: list[str] = field(default_factory=list)
-    checks: list[dict[str, Any]] = field(default_factory=list)  # every verification: spec, round, ok, code
-    speed: dict[str, Any] | None = None
-    fast: dict[str, bool | None] = field(default_factory=dict)
-    sandbox: str | None = None
-    handshake_ns: float | None = None
-    timer: str | None = None  # how the agent's worker waited for the kernel's return: spin | sleep
-    median_ns: float | None = None
-    round_samples_ns: list[list[int]] = field(default_factory=list)
-
-    def fail(self, code: str, error: str) -> None:
-        if self.correct or self.failure is None:
-            self.failure = code
-        self.correct = False
-        self.errors.append(error)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["fast"] = {_p(p): v for p, v in self.fast.items()} if self.fast else {}
-        return d
-
-
-def _p(p: float) -> str:
-    return f"{p:g}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs
-# ---------------------------------------------------------------------------------------------
-
-
-def collect_kernels(paths: Sequence[str]) -> list[KernelFile]:
-    """Every kernel named: files as given, directories by their kernel files (sorted); one clear
-    UserInputError for a path that is missing, unreadable or not a kernel."""
-    if not paths:
-        raise UserInputError("give one or more KERNEL files or directories to judge")
-    found: list[tuple[Path, str]] = []
-    for raw in paths:
-        p = Path(raw).expanduser()
-        if p.is_dir():
-            inside = []
-            for q in sorted(p.iterdir()):
-                if not q.is_file():
-                    continue
-                if q.suffix.lower() not in SOURCE_SUFFIXES and q.suffix.lower() != ".so":
-                    continue
-                inside.append((q, classify(q)))
-            if not inside:
-                raise UserInputError(f"{p}: no kernels in this directory (.c, .cc, .cpp, .cu, .so)")
-            found.extend(inside)
-        else:
-            if not p.exists():
-                raise UserInputError(f"{p}: no such kernel file")
-            found.append((p, classify(p)))
-    seen: set[Path] = set()
-    out: list[KernelFile] = []
-    names: set[str] = set()
-    for p, kind in found:
-        rp = p.resolve()
-        if rp in seen:
-            continue
-        seen.add(rp)
-        name = p.name if p.name not in names else f"{p.parent.name}/{p.name}"
-        i = 2
-        while name in names:
-            name, i = f"{p.name}#{i}", i + 1
-        names.add(name)
-        try:
-            sha = hashlib.sha256(p.read_bytes()).hexdigest()
-        except OSError as exc:
-            raise UserInputError(f"{p}: cannot read it ({exc.strerror or exc})") from None
-        out.append(KernelFile(name, p, kind, sha))
-    return out
-
-
-def odd_variant(w):
-    """The op with every even dimension made odd (minus one), or None when it has none: the shape
-    of the correctness check that catches kernels right only on friendly sizes."""
-    params = w.params()
-    keep = _KEEP.get(w.op, set())
-    changed = {k: (v - 1 if (k not in keep and isinstance(v, int) and v > 1 and v % 2 == 0) else v)
-               for k, v in params.items()}
-    if changed == params:
-        return None
-    spec = f"{w.op}:" + ",".join(f"{k}={v}" for k, v in changed.items())
-    try:
-        return parse_workload(spec)
-    except UserInputError:
-        return None  # an op whose constraints the variant breaks: checked at the spec only
-
-
-# ---------------------------------------------------------------------------------------------
-# The judgement
-# ---------------------------------------------------------------------------------------------
 
 
 def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any]:
@@ -258,7 +45,7 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
     kernels = collect_kernels(cfg.kernels)
     inventory = cfg.inventory or Inventory()
     specs = [inventory.get(d) for d in (cfg.devices or ["local"])]  # unknown device: one line, before any work
-    report, made = _prepare_report_dir(cfg.report_dir) if cfg.report_dir else (None, False)
+    report, made = prepare_report_dir(cfg.report_dir) if cfg.report_dir else (None, False)
     odd = None if cfg.exact_shape else odd_variant(w)
     doc: dict[str, Any] = {"schema": SCHEMA, "op": w.spec(), "workload_key": w.key(), "flops": int(w.flops()),
                            "odd_shape": odd.spec() if odd else None, "rounds": cfg.rounds,
@@ -277,7 +64,7 @@ def judge(cfg: JudgeConfig, progress: JudgeEvent | None = None) -> dict[str, Any
             shutil.rmtree(report, ignore_errors=True)
         raise
     if report is not None:
-        _write_report(report, doc, kernels, cfg)
+        write_report(report, doc, kernels, cfg)
         doc["report_dir"] = str(report)
     return doc
 
@@ -567,14 +354,6 @@ class _BaselineCfg:  # what the session's baseline helpers read from a config
     timeout_s: float
 
 
-def op_macros(w) -> list[str]:
-    """``-D`` flags for a source kernel: the op's attributes that are not tensor shapes (a causal
-    mask, strides, pads, filter sizes, a transposed operand), e.g. ``-DEDGETUNE_ATTENTION_CAUSAL=1``:
-    the ABI passes shapes, not attributes. The same in the odd-size check and the rounds."""
-    keep = _KEEP.get(w.op, set())
-    return [f"-DEDGETUNE_{w.op.upper()}_{k.upper()}={v}" for k, v in w.params().items() if k in keep]
-
-
 def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Sequence[str] = ()):
     """The binary judged on this device (built here for its architecture), or None with the
     kernel's failure recorded (build error, wrong architecture, interposed symbols, CUDA on a CPU)."""
@@ -616,146 +395,3 @@ def _build_for(k: KernelFile, info, cfg: JudgeConfig, res: Judged, macros: Seque
     return b
 
 
-def leaderboard(results: Sequence[Judged], emulated: Any = None) -> dict[str, Any]:
-    """KernelBench's fast_p with intervals: the fraction correct, and the fraction correct with
-    the whole 95% interval of the speedup over the strongest baseline at or above p."""
-    n = len(results)
-    correct = sum(1 for r in results if r.correct)
-    board: dict[str, Any] = {"kernels": n, "correct": correct, "fraction_correct": correct / n if n else None}
-    for p in FAST_P:
-        if emulated:
-            board[f"fast_{_p(p)}"] = None
-            continue
-        hits = sum(1 for r in results if r.correct and r.fast.get(p))
-        board[f"fast_{_p(p)}"] = hits / n if n else None
-    failures: dict[str, int] = {}
-    for r in results:
-        if r.failure:
-            failures[r.failure] = failures.get(r.failure, 0) + 1
-    board["failures"] = dict(sorted(failures.items()))
-    return board
-
-
-# ---------------------------------------------------------------------------------------------
-# Evidence: the report directory
-# ---------------------------------------------------------------------------------------------
-
-
-def _prepare_report_dir(path: str) -> tuple[Path, bool]:
-    """The report directory and whether this call made it: made now, so an unwritable path fails
-    before any device work. A re-run into the same directory replaces its files (each written
-    whole, then renamed)."""
-    p = Path(path).expanduser()
-    if p.exists() and not p.is_dir():
-        raise UserInputError(f"--report-dir {p}: exists and is not a directory")
-    made = not p.exists()
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".edgetune-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        if made:
-            shutil.rmtree(p, ignore_errors=True)
-        raise UserInputError(f"--report-dir {p}: cannot write there ({exc.strerror or exc})") from None
-    return p, made
-
-
-def _write_report(report: Path, doc: dict[str, Any], kernels: Sequence[KernelFile], cfg: JudgeConfig) -> None:
-    kdir = report / "kernels"
-    kdir.mkdir(exist_ok=True)
-    for k in kernels:
-        dest = kdir / k.name.replace("/", "__")
-        if not dest.exists() or hashlib.sha256(dest.read_bytes()).hexdigest() != k.sha256:
-            write_atomic(dest, k.path.read_bytes())
-    bdir = report / "built"
-    bdir.mkdir(exist_ok=True)
-    for r in doc["results"]:
-        b = r.get("build") or {}
-        sha = r.get("artifact_sha256")
-        if sha and b.get("binary") and not (bdir / f"{sha}.so").exists():
-            data = Path(b["binary"]).read_bytes()
-            if hashlib.sha256(data).hexdigest() == sha:  # the binary judged, byte for byte
-                write_atomic(bdir / f"{sha}.so", data)
-    write_atomic(report / "judge.json", (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
-    write_atomic(report / "judge.md", markdown(doc).encode())
-    devices = " ".join(f"-d {shlex.quote(d['device'])}" for d in doc["devices"])
-    flags = " ".join(f"--cflag={shlex.quote(c)}" for c in cfg.cflags)
-    rerun = (f"#!/bin/sh\n# re-run this judgement: the same op, the same kernels (sha256 in judge.json),\n"
-             f"# on your devices (edit -d). Every figure is measured again; nothing is read from this report.\n"
-             f"cd \"$(dirname \"$0\")\" && exec edgetune judge --op {shlex.quote(doc['op'])} kernels "
-             f"{devices} --rounds {doc['rounds']} --budget-ms {doc['budget_ms']:g}"
-             + (" --exact-shape" if cfg.exact_shape else "") + (f" {flags}" if flags else "")
-             + " --report-dir rerun \"$@\"\n")
-    write_atomic(report / "rerun.sh", rerun.encode())
-    os.chmod(report / "rerun.sh", 0o755)
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON: {type(o).__name__}")
-
-
-def fmt_ns(ns: float | None) -> str:
-    if ns is None:
-        return "—"
-    if ns < 1e3:
-        return f"{ns:.0f} ns"
-    if ns < 1e6:
-        return f"{ns / 1e3:.1f} µs"
-    return f"{ns / 1e6:.2f} ms"
-
-
-def speed_text(s: dict[str, Any] | None) -> str:
-    if not s:
-        return "—"
-    if s.get("speedup") is None:
-        return f"— ({s.get('reason') or 'no verdict'})"
-    lo, hi = s["ci95"] or (None, None)
-    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else ""
-    return f"{s['speedup']:.2f}×{ci} {s['verdict']} vs {s['baseline']}"
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    """The leaderboard and the per-kernel verdicts as Markdown (every device-given string escaped)."""
-    out = [f"# edgetune judge: `{md_text(doc['op'])}`", ""]
-    if doc.get("odd_shape"):
-        out.append(f"Correctness also checked at `{md_text(doc['odd_shape'])}` (odd sizes).")
-    out.append(f"{doc['rounds']} interleaved rounds per kernel and baseline form, {doc['budget_ms']:g} ms budget "
-               f"per run; fast_p = correct and the whole 95% interval of the speedup over the strongest baseline ≥ p.")
-    if doc.get("command"):
-        out += ["", f"Command: `{md_text(doc['command'])}`"]
-    for d in doc["devices"]:
-        fp = d.get("fingerprint") or {}
-        board = d["leaderboard"]
-        out += ["", f"## {md_text(d['device'])} — {md_text(str(fp.get('cpu_model')))}, {d['arch']}"
-                + (f", EMULATED ({md_text(str(d['emulated']))})" if d["emulated"] else "")
-                + f", sandbox: {md_text(d['sandbox'])}", ""]
-        b = d.get("baseline") or {}
-        if b.get("form"):
-            out.append(f"Strongest baseline: {md_text(str(b.get('backend')))} ({b['form']}), median "
-                       f"{fmt_ns(b.get('median_ns'))}.")
-        else:
-            out.append(f"No baseline verdict: {md_text(str(b.get('reason')))}")
-        fr = board["fraction_correct"]
-        cells = [f"{board['correct']}/{board['kernels']} correct ({fr:.0%})" if fr is not None else "no kernels"]
-        for p in doc["fast_p"]:
-            v = board.get(f"fast_{p:g}")
-            cells.append(f"fast_{p:g} = {v:.0%}" if v is not None else f"fast_{p:g} = n/a (emulated)")
-        out += ["", "**" + " · ".join(cells) + "**", "",
-                "| kernel | abi | verdict | failure | detail | median | vs strongest baseline [95% CI] |",
-                "|---|---|---|---|---|---|---|"]
-        rows = [r for r in doc["results"] if r["device"] == d["device"]]
-        rows.sort(key=lambda r: (not r["correct"], -((r.get("speed") or {}).get("speedup") or 0), r["kernel"]))
-        for r in rows:
-            verdict = "correct" if r["correct"] else "rejected"
-            err = md_text(r["errors"][0][:140]) if r["errors"] else ""
-            out.append(f"| {md_text(r['kernel'])} | {r.get('abi') or '—'} | {verdict} | "
-                       f"{md_text(r['failure'] or '')} | {err} | {fmt_ns(r.get('median_ns'))} | "
-                       f"{md_text(speed_text(r.get('speed')))} |")
-    return "\n".join(out) + "\n"

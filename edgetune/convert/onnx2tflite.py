@@ -29,7 +29,10 @@ Results are cached under ``cache_dir/onnx2tf/<key>`` (a directory per key: writt
 directory and renamed, so no half-written model is left), keyed by the model's sha256, the input
 shapes, the precision, the calibration inputs, and the versions of onnx2tf, TensorFlow and this
 recipe. A conversion that failed for a reason of its own (not a timeout or a kill) is remembered
-under the same key (``<key>.failed``), so the candidates that share it fail at once.
+under the same key (``<key>.failed``), so the candidates that share it fail at once. One that timed
+out is remembered with its limit and the machine's load then (``<key>.timeout``): a later run with
+the same or a shorter limit fails at once with that reason instead of spending the same minutes
+again, and one with a longer limit tries again; a success removes the mark.
 """
 
 from __future__ import annotations
@@ -335,7 +338,8 @@ def _child(spec: dict[str, Any], workdir: Path, log: Path, timeout_s: float) -> 
             p = subprocess.run([str(py), str(_CHILD), str(workdir / "spec.json")], cwd=workdir, env=env,
                                stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise _Transient(f"conversion failed: timed out after {timeout_s:g} s (log: {log})") from None
+            raise _Transient(f"conversion failed: timed out after {timeout_s:g} s (log: {log})",
+                             timeout_s=timeout_s) from None
     if p.returncode != 0:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         mark = [ln for ln in lines if ln.startswith(FAILED_MARK)]
@@ -347,7 +351,12 @@ def _child(spec: dict[str, Any], workdir: Path, log: Path, timeout_s: float) -> 
 
 
 class _Transient(BuildFailed):
-    """A failure that may not repeat (a timeout, a kill): not remembered in the cache."""
+    """A failure that may not repeat (a timeout, a kill): never ``.failed``; a timeout is remembered
+    with its limit (``timeout_s``; None for a kill)."""
+
+    def __init__(self, reason: str, timeout_s: float | None = None):
+        super().__init__(reason)
+        self.timeout_s = timeout_s
 
 
 # conversions that timed out or were killed in this process: not cached on disk (a later run, with
@@ -356,9 +365,19 @@ class _Transient(BuildFailed):
 _TRANSIENT: dict[Path, str] = {}
 
 
-def _build(cache: Path, key: str, make) -> Path:
+def _timed_out(mark: Path) -> tuple[float, str] | None:
+    """The limit and reason of a remembered timeout, or None (no mark, or one that cannot be read)."""
+    try:
+        d = json.loads(mark.read_text())
+        return float(d["timeout_s"]), str(d["reason"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
     """The directory ``cache/key``, made by ``make(tmpdir)`` once; a deterministic failure is remembered
-    (``key.failed``) and raised again without converting."""
+    (``key.failed``) and raised again without converting; a timeout (``key.timeout``) is raised again
+    without converting while the limit is no longer than the one it ran out of."""
     final = cache / key
     if (final / "mapping.json").is_file():
         return final
@@ -367,6 +386,11 @@ def _build(cache: Path, key: str, make) -> Path:
         raise BuildFailed(failed.read_text().strip())
     if final in _TRANSIENT:
         raise BuildFailed(f"{_TRANSIENT[final]} (earlier in this run)")
+    mark = cache / f"{key}.timeout"
+    earlier = _timed_out(mark)
+    if earlier and timeout_s <= earlier[0]:
+        raise BuildFailed(f"{earlier[1]} (in an earlier run; not tried again within a limit of {timeout_s:g} s: "
+                          f"a longer one tries again, up to {CONVERT_TIMEOUT_S:g} s, or remove {mark})")
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     try:
@@ -376,9 +400,14 @@ def _build(cache: Path, key: str, make) -> Path:
         except OSError:
             if not (final / "mapping.json").is_file():  # (else: another build of the same key won the race)
                 raise
+        mark.unlink(missing_ok=True)
         return final
     except _Transient as exc:
         _TRANSIENT[final] = str(exc)
+        if exc.timeout_s is not None and (earlier is None or exc.timeout_s > earlier[0]):
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+            why = str(exc) if load is None else f"{exc} (load average {load:.1f} then)"
+            _write_atomic(mark, json.dumps({"timeout_s": exc.timeout_s, "reason": why}))
         raise
     except BuildFailed as exc:
         _write_atomic(failed, str(exc))
@@ -424,7 +453,7 @@ def convert(wl: Workload, precision: str, cache_dir: Path, timeout_s: float = CO
         os.replace(tmp / "fp32.tflite", tmp / "model.tflite")
         (tmp / "mapping.json").write_text(json.dumps(map_and_verify(tmp / "model.tflite", wl, "fp32")))
 
-    fp32_dir = _build(cache, base_key, make_base)
+    fp32_dir = _build(cache, base_key, make_base, timeout_s)
     fp32 = Converted.load(fp32_dir)
     if precision == "fp32":
         return fp32
@@ -455,7 +484,7 @@ def convert(wl: Workload, precision: str, cache_dir: Path, timeout_s: float = CO
             shutil.rmtree(work)
         (tmp / "mapping.json").write_text(json.dumps(map_and_verify(tmp / "model.tflite", wl, precision, fixed)))
 
-    return Converted.load(_build(cache, key, make))
+    return Converted.load(_build(cache, key, make, timeout_s))
 
 
 def _signature_inputs(path: Path, inputs: Sequence[TensorMap]) -> list[str]:

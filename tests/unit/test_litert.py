@@ -4,9 +4,11 @@ environment of tools/setup.sh), real LiteRT runs on the local device's agent, no
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 
 import numpy as np
+
 import pytest
 
 from edgetune.accuracy import AccuracyBudget
@@ -157,11 +159,50 @@ def test_approximate_litert_candidates_are_judged_by_accuracy(mobilenet, shared_
         assert got.accuracy["cosine"] >= 0.99
 
 
-def test_a_conversion_that_times_out_is_not_cached_but_not_retried_in_the_same_run(mobilenet, tmp_path):
+def test_a_conversion_that_times_out_is_remembered_with_its_limit(mobilenet, tmp_path, monkeypatch):
     _need_converter()
     wl = build_workload(mobilenet, {"batch": 3}, {}, n_seeded=1)  # a shape no other test converts
     with pytest.raises(BuildFailed, match="timed out after 0.5 s"):
         onnx2tflite.convert(wl, "fp32", tmp_path, timeout_s=0.5)
     with pytest.raises(BuildFailed, match=r"timed out after 0.5 s .*\(earlier in this run\)"):
         onnx2tflite.convert(wl, "int8-dynamic", tmp_path, timeout_s=900)  # needs the same fp32 conversion
-    assert not list((tmp_path / "onnx2tf").glob("*.failed"))  # a later run (more time) tries again
+    assert not list((tmp_path / "onnx2tf").glob("*.failed"))  # never a deterministic failure
+    marks = list((tmp_path / "onnx2tf").glob("*.timeout"))
+    assert len(marks) == 1 and json.loads(marks[0].read_text())["timeout_s"] == 0.5
+    # a later run (this process's memory of the run forgotten): within the same limit it fails at once,
+    # without starting the converter
+    monkeypatch.setattr(onnx2tflite, "_TRANSIENT", {})
+    calls = []
+    real_child = onnx2tflite._child
+    monkeypatch.setattr(onnx2tflite, "_child", lambda *a, **k: (calls.append(a), real_child(*a, **k)))
+    with pytest.raises(BuildFailed, match=r"timed out after 0.5 s .*in an earlier run.*a longer one tries again"):
+        onnx2tflite.convert(wl, "fp32", tmp_path, timeout_s=0.5)
+    assert calls == []
+    # with a longer limit it tries again (and remembers the longer limit when that runs out too)
+    with pytest.raises(BuildFailed, match="timed out after 0.7 s"):
+        onnx2tflite.convert(wl, "fp32", tmp_path, timeout_s=0.7)
+    assert len(calls) == 1 and json.loads(marks[0].read_text())["timeout_s"] == 0.7
+
+
+def test_a_timeout_mark_is_kept_for_its_limit_and_removed_by_a_success(tmp_path):
+    """The rule of ``_build`` alone (no converter): a remembered timeout bounds what is retried."""
+    made = []
+
+    def times_out(tmp):
+        made.append("slow")
+        raise onnx2tflite._Transient("conversion failed: timed out after 5 s", timeout_s=5.0)
+
+    def succeeds(tmp):
+        made.append("ok")
+        (tmp / "mapping.json").write_text("{}")
+
+    with pytest.raises(BuildFailed, match="timed out after 5 s"):
+        onnx2tflite._build(tmp_path, "k", times_out, 5.0)
+    onnx2tflite._TRANSIENT.clear()
+    with pytest.raises(BuildFailed, match="in an earlier run"):
+        onnx2tflite._build(tmp_path, "k", succeeds, 4.0)  # a shorter limit: not tried
+    assert made == ["slow"]
+    (tmp_path / "k.timeout").write_text("not json")  # an unreadable mark is no mark
+    assert onnx2tflite._build(tmp_path, "k", succeeds, 4.0) == tmp_path / "k"
+    assert made == ["slow", "ok"] and not (tmp_path / "k.timeout").exists()
+    assert not list(tmp_path.glob(".build-*"))  # no half-written directory left

@@ -33,10 +33,12 @@ from edgetune.errors import ToolchainError
 from edgetune.shipped import agents_dir, cache_root
 
 AGENT_SRC = agents_dir() / "native"
-SOURCES = ("agent.c", "fingerprint.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c", "judge_backend.c",
+SOURCES = ("agent.c", "job.c", "job_run.c", "supervisor.c", "supervisor_procs.c", "supervisor_cgroup.c",
+           "supervisor_bundle.c", "fingerprint.c", "json.c", "npy.c", "sha256.c", "tvm_backend.c", "ort_backend.c",
+           "judge_backend.c", "judge_seccomp.c", "judge_elf.c", "judge_buffers.c", "judge_child.c", "judge_faults.c",
            "judge_cuda.c", "judge_guard.c")
-HEADERS = ("backend.h", "fingerprint.h", "json.h", "judge_cuda.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h",
-           "tvm_abi.h")
+HEADERS = ("agent_internal.h", "supervisor.h", "judge_internal.h", "backend.h", "fingerprint.h", "json.h",
+           "judge_cuda.h", "linked.h", "ort_abi.h", "sha256.h", "tensor.h", "tvm_abi.h")
 EMPTY_TABLE = "kernels_none.c"
 AGENT_NAME = "edgetune-agent"
 DEFAULT_ENTRY = "__tvm_ffi_main"

@@ -334,8 +334,9 @@ def build_ortop(target_triple: str | None = None, out_dir: str | os.PathLike | N
 
 LOADER_LIB = "libedgetune_loader.so"
 LOADER_CHECK = "edgetune-check"
-LOADER_SOURCES = ("edgetune_loader.c", "fingerprint.c", "json.c", "npy.c", "sha256.c")
-LOADER_HEADERS = ("edgetune_loader.h", "fingerprint.h", "json.h", "ort_abi.h", "sha256.h", "tensor.h")
+LOADER_SOURCES = ("edgetune_loader.c", "loader_config.c", "loader_ort.c", "loader_check.c", "fingerprint.c", "json.c",
+                  "npy.c", "sha256.c")
+LOADER_HEADERS = ("edgetune_loader.h", "loader_internal.h", "fingerprint.h", "json.h", "ort_abi.h", "sha256.h", "tensor.h")
 CHECK_SOURCES = ("edgetune_check.c", "json.c")
 
 

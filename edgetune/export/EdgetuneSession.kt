@@ -233,7 +233,7 @@ private class Fingerprint(val arch: String, val cpuModel: String, val cpuModelPy
                           val socPy: String?, val cores: Int, val coresOnline: Int, val maxFreqKhz: List<Long>,
                           val kernel: String, val os: String, val governor: String?, val emulated: String?) {
 
-    /** match_level of edgetune_loader.c. */
+    /** ld_match_level of loader_config.c. */
     fun match(d: JSONObject?): Match {
         if (d == null) return Match.FALLBACK
         val model = d.str("cpu_model")

@@ -471,7 +471,7 @@ def _readme(m: dict[str, Any]) -> str:
 
 def match_level(recorded: dict[str, Any], device: dict[str, Any]) -> str | None:
     """How a device's fingerprint (as its agent reports it, with "arch") matches one the artifact was
-    tuned on, by the loader's rule (edgetune_loader.c match_level): "exact", "hardware" (same arch,
+    tuned on, by the loader's rule (loader_config.c ld_match_level): "exact", "hardware" (same arch,
     CPU, cores and frequencies; another kernel, OS build or governor) or None."""
     def same(k: str) -> bool:
         return (recorded.get(k) or None) == (device.get(k) or None)

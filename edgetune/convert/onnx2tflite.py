@@ -32,7 +32,8 @@ recipe. A conversion that failed for a reason of its own (not a timeout or a kil
 under the same key (``<key>.failed``), so the candidates that share it fail at once. One that timed
 out is remembered with its limit and the machine's load then (``<key>.timeout``): a later run with
 the same or a shorter limit fails at once with that reason instead of spending the same minutes
-again, and one with a longer limit tries again; a success removes the mark.
+again, and one with a longer limit tries again, as does one on a machine no longer oversubscribed
+when the timeout was (load above its cores then, not now); a success removes the mark.
 """
 
 from __future__ import annotations
@@ -365,13 +366,27 @@ class _Transient(BuildFailed):
 _TRANSIENT: dict[Path, str] = {}
 
 
+def _load() -> float | None:
+    """The 1-minute load average per core, or None where the OS does not say."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        return None
+
+
 def _timed_out(mark: Path) -> tuple[float, str] | None:
-    """The limit and reason of a remembered timeout, or None (no mark, or one that cannot be read)."""
+    """The limit and reason of a remembered timeout that still holds, or None: no mark, one that cannot
+    be read, or one made while the machine was oversubscribed (load above its cores) when it no
+    longer is (the same limit may do then)."""
     try:
         d = json.loads(mark.read_text())
-        return float(d["timeout_s"]), str(d["reason"])
-    except (OSError, ValueError, KeyError, TypeError):
+        limit, reason, then = float(d["timeout_s"]), str(d["reason"]), d.get("load_per_core")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    now = _load()
+    if isinstance(then, (int, float)) and then > 1.0 and now is not None and now <= 1.0:
+        return None
+    return limit, reason
 
 
 def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
@@ -404,10 +419,10 @@ def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) ->
         return final
     except _Transient as exc:
         _TRANSIENT[final] = str(exc)
-        if exc.timeout_s is not None and (earlier is None or exc.timeout_s > earlier[0]):
-            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-            why = str(exc) if load is None else f"{exc} (load average {load:.1f} then)"
-            _write_atomic(mark, json.dumps({"timeout_s": exc.timeout_s, "reason": why}))
+        if exc.timeout_s is not None and (earlier is None or exc.timeout_s >= earlier[0]):
+            load = _load()
+            why = str(exc) if load is None else f"{exc} (load {load:.2f} per core then)"
+            _write_atomic(mark, json.dumps({"timeout_s": exc.timeout_s, "reason": why, "load_per_core": load}))
         raise
     except BuildFailed as exc:
         _write_atomic(failed, str(exc))

@@ -161,6 +161,7 @@ def test_approximate_litert_candidates_are_judged_by_accuracy(mobilenet, shared_
 
 def test_a_conversion_that_times_out_is_remembered_with_its_limit(mobilenet, tmp_path, monkeypatch):
     _need_converter()
+    monkeypatch.setattr(onnx2tflite, "_load", lambda: 0.5)  # a machine not oversubscribed, then and now
     wl = build_workload(mobilenet, {"batch": 3}, {}, n_seeded=1)  # a shape no other test converts
     with pytest.raises(BuildFailed, match="timed out after 0.5 s"):
         onnx2tflite.convert(wl, "fp32", tmp_path, timeout_s=0.5)
@@ -184,8 +185,11 @@ def test_a_conversion_that_times_out_is_remembered_with_its_limit(mobilenet, tmp
     assert len(calls) == 1 and json.loads(marks[0].read_text())["timeout_s"] == 0.7
 
 
-def test_a_timeout_mark_is_kept_for_its_limit_and_removed_by_a_success(tmp_path):
+def test_a_timeout_mark_is_kept_for_its_limit_and_removed_by_a_success(tmp_path, monkeypatch):
     """The rule of ``_build`` alone (no converter): a remembered timeout bounds what is retried."""
+    load = [0.5]  # the load per core _build sees
+    monkeypatch.setattr(onnx2tflite, "_load", lambda: load[0])
+    monkeypatch.setattr(onnx2tflite, "_TRANSIENT", {})
     made = []
 
     def times_out(tmp):
@@ -202,7 +206,24 @@ def test_a_timeout_mark_is_kept_for_its_limit_and_removed_by_a_success(tmp_path)
     with pytest.raises(BuildFailed, match="in an earlier run"):
         onnx2tflite._build(tmp_path, "k", succeeds, 4.0)  # a shorter limit: not tried
     assert made == ["slow"]
+    assert json.loads((tmp_path / "k.timeout").read_text())["load_per_core"] == 0.5
+    # a timeout on an oversubscribed machine holds while it still is, and is tried again once it is not
+    onnx2tflite._TRANSIENT.clear()
+    load[0] = 3.0
+    with pytest.raises(BuildFailed, match="in an earlier run"):
+        onnx2tflite._build(tmp_path, "k", times_out, 5.0)  # a mark made at 0.5 per core holds at any load
+    assert made == ["slow"]
+    made.clear()
+    onnx2tflite._TRANSIENT.clear()
+    (tmp_path / "k.timeout").write_text(json.dumps({"timeout_s": 5.0, "reason": "r", "load_per_core": 3.0}))
+    with pytest.raises(BuildFailed, match="in an earlier run"):
+        onnx2tflite._build(tmp_path, "k", succeeds, 5.0)  # still oversubscribed: not tried
+    load[0] = 0.8
+    assert onnx2tflite._build(tmp_path, "k", succeeds, 5.0) == tmp_path / "k"  # not any more: tried, done
+    assert made == ["ok"] and not (tmp_path / "k.timeout").exists()
+    shutil.rmtree(tmp_path / "k")
+    made.clear()
     (tmp_path / "k.timeout").write_text("not json")  # an unreadable mark is no mark
     assert onnx2tflite._build(tmp_path, "k", succeeds, 4.0) == tmp_path / "k"
-    assert made == ["slow", "ok"] and not (tmp_path / "k.timeout").exists()
+    assert made == ["ok"] and not (tmp_path / "k.timeout").exists()
     assert not list(tmp_path.glob(".build-*"))  # no half-written directory left

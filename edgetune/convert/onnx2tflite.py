@@ -419,7 +419,7 @@ def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) ->
         return final
     except _Transient as exc:
         _TRANSIENT[final] = str(exc)
-        if exc.timeout_s is not None and (earlier is None or exc.timeout_s >= earlier[0]):
+        if exc.timeout_s is not None:  # (a mark that held was raised above: this limit is longer)
             load = _load()
             why = str(exc) if load is None else f"{exc} (load {load:.2f} per core then)"
             _write_atomic(mark, json.dumps({"timeout_s": exc.timeout_s, "reason": why, "load_per_core": load}))

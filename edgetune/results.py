@@ -101,6 +101,9 @@ class ConfirmationSummary:
                 "rounds": list(st.rounds), "stored_rounds": [stored_round(k) for k in st.rounds],
                 "complete": st.next_round is None,
                 "disqualified": [{"key": d.key, "round": d.round, "reason": d.reason} for d in st.disqualified],
+                # contenders whose confirmation ended without "faster" before the runner-up's began
+                "ended": [{"key": e.key, "rounds": list(e.rounds), "verdict": e.verdict, "level": e.level,
+                           "speedup_vs_best_baseline": _ratio_dict(e.ratio)} for e in st.ended],
                 "verdict": self.verdict, "speedup_vs_best_baseline": _ratio_dict(self.vs_best_baseline),
                 "speedup_vs_default": _ratio_dict(self.vs_default), "strongest_baseline": self.strongest,
                 "baseline_vs_default": _ratio_dict(self.baseline_vs_default)}

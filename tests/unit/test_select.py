@@ -354,3 +354,22 @@ def test_with_only_runtime_defaults_the_others_are_confirmed_against_onnxruntime
     _add_confirmation(st, {OV: [2.1, 2.12, 2.09], BASE: [2.0, 2.0, 2.01]})
     s = st.shape()
     assert s.confirmation.verdict == "slower" and s.best_key == BASE.key()
+
+
+def test_a_contender_that_ended_without_faster_is_in_the_report_with_its_interval(tmp_path):
+    """The winner confirmed slower hands the rounds to the runner-up; the report keeps the winner's
+    verdict and interval beside the runner-up's (a user reads why the second was tried)."""
+    st = _Store(tmp_path, confirm_rounds=8)
+    st.race({BASE: 2.0, A: 1.0, B: 1.1})
+    for k, f in enumerate([1.5, 1.52, 1.49], 1):  # A: slower at the first look (3 rounds of a cap of 8)
+        st.add(A, stored_round(k), 2.0 * f)
+        st.add(BASE, stored_round(k), 2.0)
+    for k, f in enumerate([0.5, 0.51, 0.49], 4):  # B: faster at its own first look
+        st.add(B, stored_round(k), 2.0 * f)
+        st.add(BASE, stored_round(k), 2.0)
+    s = st.shape()
+    assert s.best_key == B.key() and s.confirmation.verdict == "faster"
+    (ended,) = s.as_dict()["confirmation"]["ended"]
+    assert ended["key"] == A.key() and ended["verdict"] == "slower" and ended["rounds"] == [1, 2, 3]
+    r = ended["speedup_vs_best_baseline"]
+    assert r["verdict"] == "slower" and r["ci95"][1] < 1.0 and r["rounds"] == 3 and ended["level"] == r["level"]

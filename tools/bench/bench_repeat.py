@@ -82,7 +82,11 @@ def one_run(model: str, args: list[str], home: Path, out: Path, code: str | None
                          "selected_is_default": shape.get("best") == shape.get("default"),
                          "contender": cands[conf["contender"]]["label"] if conf.get("contender") in cands else None,
                          "verdict": conf.get("verdict"), "rounds": len(conf.get("rounds") or []),
-                         "vs_default": sp, "contender_ratio": cr})
+                         "vs_default": sp, "contender_ratio": cr,
+                         # earlier contenders whose confirmation ended without "faster"
+                         "ended": [{"contender": cands[e["key"]]["label"] if e["key"] in cands else e["key"],
+                                    "verdict": e["verdict"], "rounds": len(e["rounds"]),
+                                    "ratio": e.get("speedup_vs_best_baseline")} for e in conf.get("ended") or []]})
     return {"ok": True, "wall_s": wall, "shapes": rows}
 
 
@@ -120,6 +124,9 @@ def main() -> int:
                   f" ({s.get('verdict')}, {s.get('rounds')} rounds"
                   + (f", the contender {s.get('contender')} {vs['speedup']:.2f}x [{vs['ci95'][0]:.2f}, {vs['ci95'][1]:.2f}]"
                      f" at {100 * vs.get('level', 0.95):.1f}% vs the strongest baseline" if vs else "")
+                  + "".join(f"; before it {e['contender']}: {e['verdict']}, {e['rounds']} rounds"
+                            + (f", {e['ratio']['speedup']:.2f}x [{e['ratio']['ci95'][0]:.2f}, {e['ratio']['ci95'][1]:.2f}]"
+                               if e.get("ratio") else "") for e in s.get("ended") or [])
                   + f"), {r['wall_s']:.0f} s", file=sys.stderr, flush=True)
             shutil.rmtree(home, ignore_errors=True)
     print(f"\n`edgetune tune {a.model} {' '.join(args)} --fresh`, {a.runs} runs; machine: {platform.machine()}, "

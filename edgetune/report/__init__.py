@@ -111,9 +111,13 @@ def verdict_line(shape: dict[str, Any]) -> str:
     default = by.get(conf.get("default"))
     sd = conf.get("speedup_vs_default")
     beside = default is not None and default is not contender and default is not base and sd is not None
+    ended = [e for e in conf.get("ended") or [] if e.get("key") in by and e.get("speedup_vs_best_baseline")]
+    before = "".join(f"; before it, the {'race winner' if i == 0 else 'next contender'} {by[e['key']]['label']} was "
+                     f"{'confirmed slower' if e['verdict'] == 'slower' else 'not confirmed faster'} "
+                     f"({_ratio_text(e['speedup_vs_best_baseline'])})" for i, e in enumerate(ended))
     if conf.get("verdict") == "faster":
         line = f"selected {contender['label']}: confirmed faster than the strongest baseline, {base['label']}, {fig}"
-        return line + (f", and than {default['label']}, {_ratio_text(sd)}" if beside else "")
+        return line + (f", and than {default['label']}, {_ratio_text(sd)}" if beside else "") + before
     strongest = by.get(conf.get("strongest_baseline")) or base
     it = "it" if strongest is base else base["label"]
     said = {"slower": f"was confirmed slower than {it}", "no significant difference": "showed no significant "
@@ -121,7 +125,8 @@ def verdict_line(shape: dict[str, Any]) -> str:
                 sp["verdict"], sp["verdict"])
     if sp["verdict"] == "faster" and beside:  # faster than the race's strongest, not than the default
         said = f"was faster than {it} but not confirmed faster than {default['label']} ({_ratio_text(sd)})"
-    line = f"selected the strongest baseline, {strongest['label']}: the race's winner {contender['label']} {said} ({fig})"
+    role = "the runner-up" if ended else "the race's winner"
+    line = f"selected the strongest baseline, {strongest['label']}: {role} {contender['label']} {said} ({fig}){before}"
     bd = conf.get("baseline_vs_default")
     if bd and default is not None and base is not default:
         line += (f"; the race's fastest runtime default, {base['label']}, was "

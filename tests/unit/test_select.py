@@ -373,3 +373,6 @@ def test_a_contender_that_ended_without_faster_is_in_the_report_with_its_interva
     assert ended["key"] == A.key() and ended["verdict"] == "slower" and ended["rounds"] == [1, 2, 3]
     r = ended["speedup_vs_best_baseline"]
     assert r["verdict"] == "slower" and r["ci95"][1] < 1.0 and r["rounds"] == 3 and ended["level"] == r["level"]
+    line = verdict_line(s.as_dict())
+    assert line.startswith(f"selected {s.get(B.key()).candidate.label()}: confirmed faster")
+    assert f"before it, the race winner {s.get(A.key()).candidate.label()} was confirmed slower (" in line, line

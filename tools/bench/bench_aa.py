@@ -161,6 +161,8 @@ def main() -> int:
     ap.add_argument("--confirm-rounds", type=int, default=TuneConfig.confirm_rounds)
     ap.add_argument("--budget-ms", type=float, default=100.0, help="timing budget of each job, about")
     ap.add_argument("--device", default="local")
+    ap.add_argument("--first", type=int, default=0, help="index (and seed) of the first comparison: a second "
+                    "batch with --first N draws new inputs and adds to a first batch of N per model")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="edgetune-aa-"))
     os.environ.setdefault("EDGETUNE_HOME", str(home))
@@ -176,10 +178,10 @@ def main() -> int:
     t0 = time.monotonic()
     for name in models:
         path = resolve_model(name)
-        for i in range(args.comparisons):
+        for i in range(args.first, args.first + args.comparisons):
             o = one_comparison(name, path, i, args, db)
             outcomes.append(o)
-            print(f"#   {name} {i + 1}/{args.comparisons}: {o.value:.3f} [{o.ci[0]:.3f}, {o.ci[1]:.3f}] {o.verdict}"
+            print(f"#   {name} {i + 1}/{args.first + args.comparisons}: {o.value:.3f} [{o.ci[0]:.3f}, {o.ci[1]:.3f}] {o.verdict}"
                   f" (race only: {o.race_verdict}){' — ' + o.reason if o.reason else ''}", flush=True)
     print(f"# {len(outcomes)} comparisons in {time.monotonic() - t0:.0f} s")
     print()

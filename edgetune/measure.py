@@ -330,7 +330,7 @@ _T_CALIBRATION_PATHS = 100_000
 _T_CALIBRATION_SEED = 20261204
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=2)  # 4 MB each; only the calibration reads them (its levels are cached)
 def _null_t_paths(ns: tuple[int, ...]) -> np.ndarray:
     """|t| at each look of seeded confirmations under no effect (normal per-round log ratios): a
     (looks, paths) array, the same in every process."""
@@ -356,20 +356,17 @@ def _t_levels(ns: tuple[int, ...], alpha: float) -> tuple[float, ...]:
     at no more than ``alpha`` in all (within their Monte Carlo error, 0.07% at 5%)."""
     paths = _null_t_paths(ns)
 
-    def levels(a: float) -> list[float]:
-        return _z_levels(ns, a)
-
     def error(a: float) -> float:
-        qs = np.array([t_quantile(1.0 - (1.0 - lv) / 2.0, n - 1) for lv, n in zip(levels(a), ns)])
+        qs = np.array([t_quantile(1.0 - (1.0 - lv) / 2.0, n - 1) for lv, n in zip(_z_levels(ns, a), ns)])
         return float(np.mean(np.any(paths > qs[:, None], axis=0)))
 
     lo, hi = alpha / len(ns), alpha  # the union bound's total never exceeds alpha; the exact z's may
     if error(hi) <= alpha:
-        return tuple(levels(hi))
+        return tuple(_z_levels(ns, hi))
     for _ in range(14):  # error() grows with the spending: common paths make it monotone
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if error(mid) <= alpha else (lo, mid)
-    return tuple(levels(lo))
+    return tuple(_z_levels(ns, lo))
 
 
 def look_levels(cap: int, alpha: float = ALPHA) -> dict[int, float]:

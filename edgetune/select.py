@@ -125,8 +125,11 @@ class Ended:
     key: str
     rounds: tuple[int, ...]
     verdict: str  # slower | no significant difference
-    level: float
-    ratio: Ratio | None = None  # its interval against the baseline at its last look
+    ratio: Ratio  # its interval against the baseline at its last look
+
+    @property
+    def level(self) -> float:
+        return self.ratio.level
 
 
 # Contenders confirmed one after another (the winner, then runner-ups while the budget lasts) share
@@ -253,7 +256,7 @@ def replay(rows: Sequence[RecordRow], target: int | None, extend: bool = False,
                 key in (contenders[1], baselines[0]) and kk == k for key, kk in stored))
             if len(ended) + 1 >= len(shares) or not runs_next:
                 return state(None, decided=verdict == "slower")
-            ended.append(Ended(contenders[0], tuple(counted), verdict, r.level, r))
+            ended.append(Ended(contenders[0], tuple(counted), verdict, r))
             contenders = contenders[1:]
             counted = []
     return state(None)

@@ -56,6 +56,7 @@ ORDER = (
     "supervisor.py",
     "run_stdio.py",
     "zygote.py",
+    "session.py",
     "gpucheck.py",
     "main.py",
 )

@@ -28,7 +28,7 @@ from edgetune.agent import validate
 from edgetune.agent.bundle import python_agent
 from edgetune.agent.validate import BUNDLE_MAGIC, Invalid, parse_bundle  # noqa: F401 - re-exported
 from edgetune.build.native import build_agent
-from edgetune.devices.base import Completed, Transport
+from edgetune.devices.base import Completed, Stream, StreamTimeout, Transport
 from edgetune.devices.inventory import DeviceSpec, edgetune_home, fingerprint_key, open_transport
 from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
@@ -40,6 +40,7 @@ PROTOCOL = 3
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
 CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
 PROBE_PAIRS = 16  # TEST04 probe: at most this many repeated-input / new-input pairs (at least 8)
+SESSION_START_S = 30.0  # how long an agent session may take to say it is there
 
 
 # bounds a candidate runs under on the device (the agent's supervisor enforces them; PROTOCOL.md)
@@ -134,6 +135,7 @@ class JobResult:
     repeat_outputs: list[np.ndarray | None] = field(default_factory=list)
     input_sha256_before: list[str] | None = None
     load_ms: float | None = None
+    phases_ms: dict[str, float] = field(default_factory=dict)  # the worker's time per stage (informational)
     runtime_versions: dict[str, Any] = field(default_factory=dict)
     device_state: dict[str, Any] = field(default_factory=dict)
     input_sha256_after_sets: list[list[str]] | None = None  # work buffers after each input set's run
@@ -183,6 +185,10 @@ class AgentClient:
         self._digests: dict[tuple, str] = {}
         self._lock = threading.Lock()
         self._native = False
+        self._session: Stream | None = None  # the agent's session (PROTOCOL.md "The session"), once open
+        self._session_lock = threading.Lock()  # one job at a time on it; a concurrent one goes by run-stdio
+        self.session_off: str | None = None  # why this device's jobs do not use a session, once known
+        self.sessions_opened = 0
 
     # ------------------------------------------------------------------------ provisioning
     def _run(self, argv: Sequence[str], timeout: float = 60.0) -> Completed:
@@ -490,10 +496,14 @@ class AgentClient:
             try:
                 request = self.stage_job(job, tmp)
                 max_bundle = request["max_bundle_bytes"]
-                self._check_agent()  # the agent is ours, byte for byte, right before it runs
+                data = json.dumps(request).encode()
                 t_agent = time.perf_counter()
-                c = self.transport.run([*wrap, *self._agent_argv, "run-stdio", jobdir], timeout=job.timeout_s,
-                                       stdin=json.dumps(request).encode(), max_output=max_bundle + 4096)
+                c = None if wrap else self._in_session(jobdir, data, job.timeout_s, max_bundle + 4096)
+                if c is None:  # not a job a session serves (or none here): a command of its own
+                    self._check_agent()  # the agent is ours, byte for byte, right before it runs
+                    t_agent = time.perf_counter()
+                    c = self.transport.run([*wrap, *self._agent_argv, "run-stdio", jobdir], timeout=job.timeout_s,
+                                           stdin=data, max_output=max_bundle + 4096)
                 agent_ms = (time.perf_counter() - t_agent) * 1e3
                 res = self._collect(c, job, agent_ms)
                 if res.status in ("crashed", "timeout") or res.limit:  # the agent could not remove its job dir
@@ -508,6 +518,78 @@ class AgentClient:
                 except DeviceError:
                     pass
                 raise
+
+    # -------------------------------------------------------------------- the agent's session
+    def _in_session(self, jobdir: str, data: bytes, timeout: float, max_output: int) -> Completed | None:
+        """Run the job on the agent's session (device_agents/PROTOCOL.md "The session"): what the
+        agent answered, as run-stdio's Completed, or None where it is not served there (not a
+        runtime configuration, a device without sessions, the session busy with another job)."""
+        if self._native or self.spec.options.get("zygote") is False or self.spec.options.get("session") is False \
+                or self.session_off is not None \
+                or not hasattr(self.transport, "open_stream") or not self._session_lock.acquire(blocking=False):
+            return None
+        try:
+            stream = self._session or self._open_session()
+            if stream is None:
+                return None
+            job_id = jobdir.rsplit("/", 1)[-1].encode()
+            deadline = time.monotonic() + timeout
+            try:
+                stream.send(b"JOB %s %d\n" % (job_id, len(data)) + data)
+                head = stream.read_line(deadline)
+                parts = head.split(b" ") if head is not None else []
+                if len(parts) == 5 and parts[:2] == [b"RESULT", job_id] and parts[2] == b"refused":
+                    return None
+                if not (len(parts) == 5 and parts[:2] == [b"RESULT", job_id]
+                        and all(p.lstrip(b"-").isdigit() for p in parts[2:]) and int(parts[3]) >= 0
+                        and 0 <= int(parts[4]) <= 1 << 20):
+                    self._drop_session(kill=True)
+                    why = "ended before it answered" if head is None else "answered out of protocol"
+                    return Completed(70, b"", f"the agent session {why}".encode())
+                rc, n_out, n_err = (int(p) for p in parts[2:])
+                if n_out > max_output:  # a device cannot make us hold more: the session goes, like the command
+                    self._drop_session(kill=True)
+                    return Completed(-signal.SIGKILL, b"", b"", overflow=True)
+                out = stream.read_exact(n_out, deadline)
+                err = stream.read_exact(n_err, deadline)
+                if out is None or err is None:
+                    self._drop_session(kill=True)
+                    return Completed(70, b"", b"the agent session ended while it answered")
+                return Completed(rc, out, err)
+            except StreamTimeout:
+                self._drop_session(kill=True)  # its job is stopped and swept on the device
+                return Completed(-signal.SIGKILL, b"", b"", timed_out=True)
+            except BaseException:
+                self._drop_session(kill=True)
+                raise
+        finally:
+            self._session_lock.release()
+
+    def _open_session(self) -> Stream | None:
+        self._check_agent()  # the session runs the agent file once: it is ours right before it starts
+        stream = self.transport.open_stream([*self._agent_argv, "session", f"{self.workdir}/jobs"])
+        try:
+            hello = stream.read_line(time.monotonic() + SESSION_START_S)
+        except StreamTimeout:
+            hello = None
+        except BaseException:
+            stream.kill()
+            raise
+        words = (hello or b"").decode("ascii", "replace").split(" ")
+        if len(words) == 3 and words[0] == "EDGETUNE-SESSION" and words[1] == str(PROTOCOL) and words[2].isdigit():
+            self._session = stream
+            self.sessions_opened += 1
+            return stream
+        stream.kill()
+        # an agent that says it cannot (no subreaper: qemu-user) or that did not answer: jobs go by run-stdio
+        self.session_off = " ".join(words[2:]) if len(words) >= 3 and words[:2] == ["EDGETUNE-SESSION", "0"] \
+            else "no answer" if hello is None else "not an agent session"
+        return None
+
+    def _drop_session(self, kill: bool = False) -> None:
+        stream, self._session = self._session, None
+        if stream is not None:
+            stream.kill() if kill else stream.close()
 
     _NATIVE_OPT_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
@@ -559,4 +641,6 @@ class AgentClient:
                                       f"{device_text(exc, 200)})", invalid="invalid-result")
 
     def close(self) -> None:
+        with self._session_lock:
+            self._drop_session()
         self.transport.close()

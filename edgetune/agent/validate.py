@@ -295,6 +295,10 @@ def job_result(files: dict[str, bytes], job: "Job", agent_ns: float, result_cls:
         if not isinstance(load, (int, float)) or isinstance(load, bool) or not 0 <= load <= agent_ns / 1e6 * 2 + 1e3:
             raise Invalid(f"load_ms {device_text(load, 40)} is not a duration")
         res.load_ms = float(load)
+    phases = clean_map(data.get("phases_ms"), "phases_ms", 1024)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in phases.values()):
+        raise Invalid("phases_ms holds something that is not a duration")
+    res.phases_ms = {k: float(v) for k, v in phases.items()}
     if limit:  # a bound the agent's supervisor enforced: a failure with its own name
         res.status = "timeout" if limit == "time" else "error"
         prefix = LIMITS[limit]

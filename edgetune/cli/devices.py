@@ -234,8 +234,11 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
             max_procs: Optional[int] = typer.Option(None, "--max-procs",
                                                     help="process bound of one job on the device"),
             no_zygote: bool = typer.Option(False, "--no-zygote",
-                                           help="every job in a fresh agent process (no persistent zygote "
-                                                "for runtime configurations; Python agent)"),
+                                           help="every job in a fresh agent process (no persistent session or "
+                                                "zygote for runtime configurations; Python agent)"),
+            no_session: bool = typer.Option(False, "--no-session",
+                                            help="one transport command per job (no agent session over one "
+                                                 "channel; the zygote still serves; Python agent)"),
             identity: Optional[str] = typer.Option(None, "--identity",
                                                    help="the physical device's name in a lab's database, the same on "
                                                         "every host that reaches it (default: from its address)"),
@@ -249,7 +252,8 @@ def add_cmd(name: str, url: str = typer.Argument(..., help="local | ssh://user@h
         spec = Inventory(inventory).add(name, url, key=key, known_hosts=known_hosts,
                                         trust_on_first_use=trust_on_first_use or None, workdir=workdir,
                                         python=python, native=native or None, memory_mb=memory_mb,
-                                        max_procs=max_procs, zygote=False if no_zygote else None, identity=identity)
+                                        max_procs=max_procs, zygote=False if no_zygote else None,
+                                        session=False if no_session else None, identity=identity)
         console.print(plain(f"added {spec.name} ({spec.url})"), highlight=False)
     run_guarded(body)
 

@@ -26,7 +26,8 @@ import threading
 import time
 from typing import Sequence
 
-from edgetune.devices.base import DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, keep_tail, shell_join
+from edgetune.devices.base import (DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, Stream, StreamTimeout, keep_tail,
+                                   shell_join)
 from edgetune.errors import AuthError, DeviceError, DeviceUnreachable, MissingExtra
 
 DEFAULT_WORKDIR = "/data/local/tmp/edgetune"
@@ -204,6 +205,12 @@ class AdbTransport:
         finally:
             s.close()
 
+    def open_stream(self, argv: Sequence[str]) -> Stream:
+        self._ensure()
+        # $$ is the pid (and process group: adbd setsid()s the shell) of the command after exec
+        s = self._open("shell,v2,raw:echo $$ >&2; exec " + shell_join([str(a) for a in argv]), self.connect_timeout)
+        return _AdbStream(self, s)
+
     def _kill_remote(self, pid: int | None) -> None:
         if not pid or pid <= 1:
             return
@@ -298,6 +305,82 @@ class AdbTransport:
                 self_inner.s.close()
 
         return _Ctx()
+
+
+class _AdbStream(Stream):
+    """A command on a shell-protocol-v2 stream with stdin and stdout open: stdin as packets, stdout
+    packets to the reader, stderr kept (its first line, the pid, taken for the kill), the exit
+    packet as EOF."""
+
+    def __init__(self, transport: AdbTransport, s: socket.socket):
+        super().__init__()
+        self._t, self._s, self._pid = transport, s, None
+        self._raw = bytearray()
+        self._errline = bytearray()
+
+    def _recv(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            while len(self._raw) >= 5:
+                pkt_id, n = struct.unpack_from("<BI", self._raw, 0)
+                if n > (64 << 20):  # no packet of an answer is that big: not a shell stream of ours
+                    return b""
+                if len(self._raw) < 5 + n:
+                    break
+                data = bytes(self._raw[5:5 + n])
+                del self._raw[:5 + n]
+                if pkt_id == _ID_STDOUT and data:
+                    return data
+                if pkt_id == _ID_STDERR:
+                    if self._pid is None:
+                        self._errline += data
+                        nl = self._errline.find(b"\n")
+                        if nl >= 0 or len(self._errline) > 64:
+                            self._pid = _int_or_none(self._errline[:max(nl, 0)]) or 0
+                            self.stderr_tail += self._errline[nl + 1:] if self._pid else self._errline
+                    else:
+                        self.stderr_tail += data
+                    keep_tail(self.stderr_tail, MAX_STDERR)
+                elif pkt_id == _ID_EXIT:
+                    return b""
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StreamTimeout()
+            self._s.settimeout(left)
+            try:
+                chunk = self._s.recv(262144)
+            except socket.timeout:
+                raise StreamTimeout() from None
+            except OSError as exc:
+                raise DeviceUnreachable(f"{self._t.address}: shell stream lost ({exc.strerror or exc})") from None
+            if not chunk:
+                return b""
+            self._raw += chunk
+
+    def _send(self, data: bytes) -> None:
+        try:
+            mv = memoryview(data)
+            for off in range(0, len(data), _SYNC_DATA_MAX):
+                self._s.sendall(_packet(_ID_STDIN, bytes(mv[off:off + _SYNC_DATA_MAX])))
+        except OSError:
+            self._eof = True  # it is gone: the next read says so
+
+    def _kill(self) -> None:
+        try:
+            self._t._kill_remote(self._pid)
+        finally:
+            self._s.close()
+
+    def _end(self) -> None:
+        try:
+            self._s.sendall(_packet(_ID_CLOSE_STDIN, b""))
+            end = time.monotonic() + 5.0
+            while self._recv(max(0.0, end - time.monotonic())):
+                pass  # until its exit packet
+        except StreamTimeout:
+            self._kill()
+        finally:
+            self._s.close()
 
 
 def _packet(pkt_id: int, data: bytes) -> bytes:

@@ -70,3 +70,89 @@ def shell_join(argv: Sequence[str]) -> str:
     if not argv:
         raise ValueError("empty argv")
     return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+class StreamTimeout(Exception):
+    """A stream's far end did not answer by the deadline."""
+
+
+class Stream:
+    """A long-running command on the device with its stdin and stdout open: the agent's session
+    (device_agents/PROTOCOL.md "The session"), which serves many jobs over one channel. A transport
+    that has them returns one from ``open_stream(argv)``; subclasses give ``_recv``, ``_send``,
+    ``_kill`` and ``_end``. Reads are buffered and bounded by a deadline (``StreamTimeout``);
+    ``None`` from a read is EOF. ``stderr_tail`` is what the command itself printed on stderr."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._eof = False
+        self.stderr_tail = bytearray()
+        self.dead = False
+
+    # -- what a transport gives
+    def _recv(self, timeout: float) -> bytes:  # b"" at EOF; StreamTimeout when nothing came in time
+        raise NotImplementedError
+
+    def _send(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _kill(self) -> None:
+        raise NotImplementedError
+
+    def _end(self) -> None:  # EOF on its stdin, then release the channel
+        raise NotImplementedError
+
+    # -- the reader
+    def _fill(self, deadline: float) -> bool:
+        import time
+
+        if self._eof:
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StreamTimeout()
+        chunk = self._recv(left)
+        if not chunk:
+            self._eof = True
+            return False
+        self._buf += chunk
+        return True
+
+    def read_line(self, deadline: float, limit: int = 256) -> bytes | None:
+        """One line without its newline; None at EOF, or past ``limit`` bytes (not a line of ours)."""
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[:nl + 1]
+                return line if nl <= limit else None
+            if len(self._buf) > limit or not self._fill(deadline):
+                return None
+
+    def read_exact(self, n: int, deadline: float) -> bytes | None:
+        while len(self._buf) < n:
+            if not self._fill(deadline):
+                return None
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    def send(self, data: bytes) -> None:
+        self._send(data)
+
+    def kill(self) -> None:
+        """End the command at once (its job, if one runs, is stopped and swept on the device)."""
+        self.dead = True
+        try:
+            self._kill()
+        except Exception:  # noqa: BLE001 - the device may be gone already: nothing left to kill
+            pass
+
+    def close(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        try:
+            self._end()
+        except Exception:  # noqa: BLE001 - as kill
+            self.kill()

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Sequence
 
-from edgetune.devices.base import DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, keep_tail
+from edgetune.devices.base import DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, Stream, StreamTimeout, keep_tail
 from edgetune.errors import DeviceError
 
 _PIPE_GRACE_S = 1.0  # how long pipes may stay open after the command exited
@@ -55,6 +55,9 @@ class LocalTransport:
             proc.wait()
             raise
 
+    def open_stream(self, argv: Sequence[str]) -> Stream:
+        return _LocalStream([str(a) for a in argv], self._env)
+
     def push(self, local: str, remote: str) -> None:
         _copy(local, remote)
 
@@ -63,6 +66,73 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+class _LocalStream(Stream):
+    """A local command with its stdin and stdout as pipes, in a session (process group) of its own;
+    its stderr goes to an unlinked file whose tail is read when it ends."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None):
+        super().__init__()
+        import tempfile
+
+        self._err = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                         env=env, start_new_session=True)
+        except OSError as exc:
+            self._err.close()
+            raise DeviceError(f"{argv[0]}: cannot start ({exc.strerror or exc})") from None
+        self._fd = self.proc.stdout.fileno()
+
+    def _recv(self, timeout: float) -> bytes:
+        import select
+
+        r, _, _ = select.select([self._fd], [], [], timeout)
+        if not r:
+            raise StreamTimeout()
+        return os.read(self._fd, 1 << 16)
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self._eof = True  # it is gone: the next read says so
+
+    def _tail(self) -> None:
+        try:
+            self._err.seek(0, os.SEEK_END)
+            size = self._err.tell()
+            self._err.seek(max(0, size - MAX_STDERR))
+            self.stderr_tail = bytearray(self._err.read())
+        except (OSError, ValueError):
+            pass
+
+    def _kill(self) -> None:
+        _kill_group(self.proc)
+        self.proc.wait()
+        self._release()
+
+    def _end(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc)
+            self.proc.wait()
+        self._release()
+
+    def _release(self) -> None:
+        self._tail()
+        for f in (self.proc.stdin, self.proc.stdout, self._err):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:

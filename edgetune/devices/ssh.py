@@ -36,7 +36,8 @@ from typing import Sequence
 import paramiko
 from paramiko.common import cMSG_CHANNEL_REQUEST
 
-from edgetune.devices.base import DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, keep_tail, shell_join
+from edgetune.devices.base import (DEFAULT_MAX_OUTPUT, MAX_STDERR, Completed, Stream, StreamTimeout, keep_tail,
+                                   shell_join)
 from edgetune.errors import (
     AuthError,
     DeviceError,
@@ -375,6 +376,17 @@ class SshTransport:
         finally:
             chan.close()
 
+    def open_stream(self, argv: Sequence[str]) -> Stream:
+        chan = self._open_channel()
+        try:
+            chan.fileno()  # the channel's data and its closing wake select()
+            chan.exec_command("printf 'edgetune-pid:%s\\n' \"$$\" && exec " + shell_join(argv))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            chan.close()
+            self._drop()
+            raise DeviceUnreachable(f"{self.address}: cannot start a command: {exc}") from None
+        return _SshStream(self, chan)
+
     def _run_on(self, chan: paramiko.Channel, command: str, deadline: float,
                 stdin: bytes | None, limit: int) -> Completed:
         chan.fileno()  # from now on the channel's data and its closing wake select()
@@ -434,6 +446,20 @@ class SshTransport:
             log.warning("%s: command timed out before reporting its pid; closing its channel only",
                         self.address)
             return None
+        self._kill_group(pid)
+        # collect what the command wrote before it died
+        while not (chan.eof_received or chan.closed) and time.monotonic() < grace:
+            _wait_readable(chan, grace - time.monotonic())
+            _drain(chan, out, err, limit)
+        _drain(chan, out, err, limit)
+        return pid
+
+    def _kill_group(self, pid: int) -> None:
+        """SIGKILL to the process group ``pid`` leads (sshd setsid()s each command), through a
+        channel of its own; the login shell runs the line (dash's kill has no ``--``: run() would
+        hand it to sh)."""
+        if pid <= 1:  # never `kill -1`: that is every process we may signal
+            return
         kill = f"{shell_join(['kill', '-9', '--', f'-{pid}'])} 2>/dev/null || {shell_join(['kill', '-9', str(pid)])}"
         kchan = self._open_channel()
         try:
@@ -442,12 +468,6 @@ class SshTransport:
             kchan.status_event.wait(_KILL_GRACE_S)
         finally:
             kchan.close()
-        # collect what the command wrote before it died
-        while not (chan.eof_received or chan.closed) and time.monotonic() < grace:
-            _wait_readable(chan, grace - time.monotonic())
-            _drain(chan, out, err, limit)
-        _drain(chan, out, err, limit)
-        return pid
 
     # -- files -------------------------------------------------------------------------------
 
@@ -511,6 +531,68 @@ class SshTransport:
 
     def close(self) -> None:
         self._drop()
+
+
+class _SshStream(Stream):
+    """A command on its own channel with stdin and stdout open; killed, like a timed-out command,
+    through its process group from a second channel (its pid is the wrapper's first line)."""
+
+    def __init__(self, transport: SshTransport, chan: paramiko.Channel):
+        super().__init__()
+        self._t, self._chan, self._pid = transport, chan, None
+        self._head = bytearray()
+
+    def _recv(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            while self._chan.recv_stderr_ready():
+                self.stderr_tail += self._chan.recv_stderr(1 << 16)
+                keep_tail(self.stderr_tail, MAX_STDERR)
+            if self._chan.recv_ready():
+                chunk = self._chan.recv(1 << 16)
+            elif self._chan.eof_received or self._chan.closed:
+                return b""
+            else:
+                if not self._chan.get_transport().is_active():
+                    self._t._drop()
+                    raise DeviceUnreachable(f"{self._t.address}: connection lost during a session")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StreamTimeout()
+                _wait_readable(self._chan, left)
+                continue
+            if self._pid is None:  # the wrapper's pid line comes first
+                self._head += chunk
+                pid, rest = _take_pid(self._head)
+                if pid is None:
+                    continue
+                self._pid, self._head = pid, bytearray()
+                if not rest:
+                    continue
+                chunk = bytes(rest)
+            return chunk
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._chan.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException):
+            self._eof = True  # it is gone: the next read says so
+
+    def _kill(self) -> None:
+        try:
+            if self._pid:
+                self._t._kill_group(self._pid)
+        finally:
+            self._chan.close()
+
+    def _end(self) -> None:
+        try:
+            self._chan.shutdown_write()
+            self._chan.status_event.wait(5.0)
+        finally:
+            if not self._chan.status_event.is_set():
+                self._kill()
+            self._chan.close()
 
 
 # -- helpers -------------------------------------------------------------------------------

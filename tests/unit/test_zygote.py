@@ -319,8 +319,10 @@ def test_the_zygote_leaves_when_idle(agent, tiny, tmp_path):
     wait_zygote(agent, present=False, timeout=15)
 
 
-def test_host_jobs_use_the_zygote_unless_the_device_opts_out(tmp_path, tiny):
-    """Through the host's real path: a device's jobs go to its agent's zygote once it is up; a device
+def test_host_jobs_use_the_session_or_the_zygote_unless_the_device_opts_out(tmp_path, tiny):
+    """Through the host's real path: a device's runtime configurations run on its agent's session
+    (one agent process per connection, PROTOCOL.md "The session"); a device added with
+    --no-session sends one run-stdio command per job, which the zygote serves once it is up; one
     added with --no-zygote runs every job in a fresh agent process."""
     from edgetune.db import Store
     from edgetune.devices.inventory import Inventory
@@ -332,17 +334,20 @@ def test_host_jobs_use_the_zygote_unless_the_device_opts_out(tmp_path, tiny):
     from tests.unit.test_cli import run as cli
 
     home = tmp_path / "home"
-    p = cli(["devices", "add", "plain", "local", "--no-zygote"], home)
-    assert p.returncode == 0, p.stderr
-    assert "zygote = false" in (home / "devices.toml").read_text()
+    for name, flag in (("plain", "--no-zygote"), ("stdio", "--no-session")):
+        p = cli(["devices", "add", name, "local", flag], home)
+        assert p.returncode == 0, p.stderr
+    toml = (home / "devices.toml").read_text()
+    assert "zygote = false" in toml and "session = false" in toml
     inv = Inventory(home / "devices.toml")
-    plain = dataclasses_replace(inv.get("plain"), tmp_path / "wd-plain")
     inv.add("kept", "local", workdir=str(tmp_path / "wd-kept"))
+    specs = {"kept": inv.get("kept"), "stdio": dataclasses_replace(inv.get("stdio"), tmp_path / "wd-stdio"),
+             "plain": dataclasses_replace(inv.get("plain"), tmp_path / "wd-plain")}
     model = load_model(tiny)
     wl = build_workload(model, {"batch": 4})
     prep = Prepared("ort", model.path, {})
-    seen = {}
-    for name, spec in (("kept", inv.get("kept")), ("plain", plain)):
+    seen, opened = {}, {}
+    for name, spec in specs.items():
         tuner = DeviceTuner(spec, Store(":memory:"), TuneConfig(spaces=()))
         try:
             got = []
@@ -350,17 +355,19 @@ def test_host_jobs_use_the_zygote_unless_the_device_opts_out(tmp_path, tiny):
                 res = tuner._job(wl, prep, budget_ms=5.0)
                 assert res.status == "ok", res.reason
                 got.append(res.limits_enforced.get("isolation"))
-                if i == 0 and name == "kept":
+                if i == 0 and name == "stdio":
                     agent = Path(tuner.client.workdir) / "agent" / "edgetune_agent.py"
                     wait_zygote(agent)
-            seen[name] = got
+            seen[name], opened[name] = got, tuner.client.sessions_opened
         finally:
             if tuner.client is not None:
                 tuner.client.close()
             for pid in zygotes(Path(spec.options.get("workdir", "")) / "agent" / "edgetune_agent.py"):
                 os.kill(pid, signal.SIGKILL)
-    assert seen["kept"] == ["fresh process", "fork of the zygote", "fork of the zygote"]
+    assert seen["kept"] == ["fork of the agent session"] * 3 and opened["kept"] == 1  # one session, kept
+    assert seen["stdio"] == ["fresh process", "fork of the zygote", "fork of the zygote"]
     assert seen["plain"] == ["fresh process"] * 3
+    assert opened["stdio"] == opened["plain"] == 0
 
 
 def dataclasses_replace(spec, workdir: Path):

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""What a candidate costs beyond its own timed runs, with the Python agent's zygote and without
-(every job in a fresh agent process: devices.toml ``zygote = false``), on the local device.
+"""What a candidate costs beyond its own timed runs on the local device, in the Python agent's
+three ways of running a runtime configuration: on the agent's session (one process per device
+connection serving every job: the default), on the zygote through one ``run-stdio`` command per
+job (devices.toml ``session = false``), and in a fresh agent process per job (``zygote = false``).
 
 The same onnxruntime job (a bundled model at batch 1, the default session, a 20 ms timing budget)
 is run N times through the host's real path (AgentClient: transfer, agent process, supervisor,
-verification runs, bundle, validation), alternating zygote and fresh so both see the same machine.
-Per job: the host's wall time, the agent command's time, the candidate's own timed runs (the sum of
-its timed samples) and its session load; the overhead is wall time minus own runs. Medians per mode
-and their ratio.
+verification runs, bundle, validation), the modes in turn (order alternating) so all see the same
+machine. Per job: the host's wall time, the agent command's time, the candidate's own timed runs
+(the sum of its timed samples), its session load, and the worker's other stages as it reports them
+(``phases_ms``: verification runs, warm-up, TEST04 probe pairs, the late-change wait). The overhead
+is wall time minus own timed runs; "harness" is what is left after every stage of the candidate's
+own (load, verification runs, warm-up, timed loop, probe, late-change wait): processes, transport,
+supervisor, bundle, validation. Medians per mode and the ratios.
 
     .venv/bin/python tools/bench/bench_zygote.py [--jobs 30] [--models mobilenet,transformer]
 
@@ -46,12 +51,14 @@ def main() -> int:
     ap.add_argument("--torch-op", default=None, help="time the PyTorch form of this operator spec instead")
     args = ap.parse_args()
     spec = Inventory().get("local")
-    modes = {"zygote": spec, "fresh": dataclasses.replace(spec, options={**spec.options, "zygote": False})}
+    modes = {"session": spec, "zygote": dataclasses.replace(spec, options={**spec.options, "session": False}),
+             "fresh": dataclasses.replace(spec, options={**spec.options, "zygote": False})}
     if args.torch_op:
         return torch_jobs(modes, args.torch_op, args.jobs, args.budget_ms)
     tuners = {m: DeviceTuner(s, Store(":memory:"), TuneConfig(spaces=())) for m, s in modes.items()}
-    print("| model | mode | jobs | wall ms | agent command ms | own timed runs ms | load ms | overhead beyond own runs ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | mode | jobs | wall ms | agent command ms | own timed runs ms | load ms | verification runs ms "
+          "| warm-up ms | probe ms | late-change wait ms | overhead beyond own timed runs ms | harness ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         model = load_model(resolve_model(name))
         wl = build_workload(model, shape_points(model, {"batch": 1}, {})[0])
@@ -68,14 +75,19 @@ def main() -> int:
                     time.sleep(2.0)  # the zygote starts after this job: let it come up
                     continue  # provisioning, and the job after which the zygote starts
                 own = float(np.sum(res.samples_ns)) / 1e6
-                rows[m].append((res.wall_ms, res.agent_ms, own, res.load_ms or 0.0, res.wall_ms - own))
+                ph = res.phases_ms
+                stages = [ph.get(k, 0.0) for k in ("verify", "warmup", "probe", "late_change")]
+                # the timed phase holds the timed calls and the fresh inputs between them: all the candidate's
+                work = (res.load_ms or 0.0) + sum(stages) + max(own, ph.get("timed", 0.0))
+                rows[m].append((res.wall_ms, res.agent_ms, own, res.load_ms or 0.0, *stages, res.wall_ms - own,
+                                res.wall_ms - work))
                 isolation[m].add(res.limits_enforced.get("isolation"))
         med = {m: np.median(np.array(r), axis=0) for m, r in rows.items()}
         for m in modes:
-            w, a, own, load, over = med[m]
-            print(f"| {name} | {m} ({', '.join(sorted(map(str, isolation[m])))}) | {len(rows[m])} | {w:.0f} | {a:.0f} | "
-                  f"{own:.0f} | {load:.0f} | {over:.0f} |")
-        print(f"| {name} | fresh / zygote overhead | | | | | | {med['fresh'][4] / med['zygote'][4]:.2f}× |")
+            cells = " | ".join(f"{v:.0f}" for v in med[m])
+            print(f"| {name} | {m} ({', '.join(sorted(map(str, isolation[m])))}) | {len(rows[m])} | {cells} |")
+        for a, b in (("zygote", "session"), ("fresh", "session")):
+            print(f"| {name} | {a} / {b} | | | | | | | | | | {med[a][8] / med[b][8]:.2f}× | {med[a][9] / med[b][9]:.2f}× |")
     for t in tuners.values():
         if t.client is not None:
             t.client.close()

@@ -18,6 +18,7 @@ Its source is the package device_agents/python/edgetune_agent/, one module per r
   supervisor.py     the worker, the poll, the sweep (PROTOCOL.md "The supervisor")
   run_stdio.py      ``run-stdio``: request on stdin, the job under the supervisor, the bundle on stdout
   zygote.py         ``serve`` and its client (PROTOCOL.md "The zygote")
+  session.py        ``session``: many jobs over one channel (PROTOCOL.md "The session")
   gpucheck.py       ``gpu-check``, ``tvm-device``
   main.py           the command line
 

@@ -243,6 +243,7 @@ def run_job(jobdir, req):
         backend.poison()
         backend.run(work)
         result["repeat_outputs"] = [_save(jobdir, "rep_%d.npy" % k, a) for k, a in enumerate(backend.results())]
+        marks = [("verify", clock())]  # where the job's time goes (phases_ms: informational)
 
         # 2. warm-up on fresh inputs (iterations 0..W-1), then an iteration count from the estimate:
         #    at least WARMUP_MIN_ITERS iterations, or 2 when even the fastest is longer than the whole
@@ -272,6 +273,7 @@ def run_job(jobdir, req):
                 break
         result["warmup_iters"] = t
         result["first_timed_iter"] = t
+        marks.append(("warmup", clock()))
         est = sorted(times)[(len(times) - 1) // 2]
         budget_ns = float(req.get("budget_ms", 200.0)) * 1e6
         n = int(budget_ns // est) if est > 0 else 1
@@ -308,6 +310,7 @@ def run_job(jobdir, req):
             names = [_save(jobdir, "tim_%d_%d.npy" % (c, k), a) for k, a in enumerate(outs)]
             checks.append({"iter": it, "outputs": names, "input_sha256_after": shas})
         result["timed_checks"] = checks
+        marks.append(("timed", clock()))
 
         # 4. MLPerf TEST04-style probe: one input repeated vs distinct inputs, interleaved
         rep_ns, dist_ns = [], []
@@ -336,6 +339,7 @@ def run_job(jobdir, req):
                 run(work)
                 (rep_ns if repeat else dist_ns).append(clock() - s0)
         result["probe"] = {"repeat_ns": rep_ns, "distinct_ns": dist_ns}
+        marks.append(("probe", clock()))
         # 5. the last call's outputs must not change after it returned (work left to a thread); last, so
         #    nothing a candidate left running can still write into buffers the agent frees
         live = getattr(backend, "live", None)
@@ -347,6 +351,7 @@ def run_job(jobdir, req):
             result["late_change"] = {"iter": t - 1, "outputs": changed} if changed else None
         else:
             result["late_change"] = None
+        marks.append(("late_change", clock()))
         # 6. asked for: where the nodes ran (an accelerator may have taken only part of the graph)
         if req.get("placement") and hasattr(backend, "placement"):
             try:
@@ -356,6 +361,11 @@ def run_job(jobdir, req):
 
     except Exception as exc:
         return failed(result, "run failed", exc, limits)
+    prev, phases = t0 + int(result["load_ms"] * 1e6), {}
+    for name, at in marks:
+        phases[name] = round((at - prev) / 1e6, 3)
+        prev = at
+    result["phases_ms"] = phases
     result["device_state_after"] = device_state()
     result["status"] = "ok"
     return result

@@ -1,4 +1,4 @@
-"""The command line: ``info``, ``run``, ``run-stdio``, ``serve``, ``version``, ``tvm-device``, ``gpu-check``."""
+"""The command line: ``info``, ``run``, ``run-stdio``, ``session``, ``serve``, ``version``, ``tvm-device``, ``gpu-check``."""
 
 import sys
 
@@ -7,6 +7,7 @@ from .gpucheck import cmd_gpu_check, cmd_tvm_device
 from .info import cmd_info
 from .job import cmd_run
 from .run_stdio import cmd_run_stdio
+from .session import cmd_session
 from .zygote import _loads, cmd_serve, start_zygote, via_zygote, zygote_eligible
 
 
@@ -44,6 +45,8 @@ def main(argv):
         if zygote_eligible(req):
             start_zygote()  # for the next job, after this one: never beside a timed run
         return rc
+    if len(argv) == 3 and argv[1] == "session":
+        return cmd_session(argv[2])
     if len(argv) == 2 and argv[1] == "serve":
         return cmd_serve()
     if len(argv) >= 2 and argv[1] == "version":
@@ -53,7 +56,7 @@ def main(argv):
         return cmd_tvm_device(argv[2])
     if len(argv) == 2 and argv[1] == "gpu-check":
         return cmd_gpu_check()
-    sys.stderr.write("usage: edgetune_agent.py info | run JOBDIR | run-stdio JOBDIR | serve | version"
+    sys.stderr.write("usage: edgetune_agent.py info | run JOBDIR | run-stdio JOBDIR | session JOBS_DIR | serve | version"
                      " | tvm-device cpu|cuda | gpu-check\n")
     return 2
 

@@ -70,11 +70,12 @@ def _emit(out, entries):
     out.flush()
 
 
-def cmd_run_stdio(jobdir, data=None, client=None, started=None):
+def cmd_run_stdio(jobdir, data=None, client=None, started=None, isolation=None):
     """One round trip per job: request on stdin, result + outputs back as one bundle on stdout
     ("EDGETUNE-BUNDLE 1\n" {"NAME SIZE\n" bytes}* "END\n"); the job dir is removed afterwards.
     The job runs in a worker process under this one, the supervisor (PROTOCOL.md). A job the
-    zygote serves comes with its request read already and the client's connection."""
+    zygote serves comes with its request read already and the client's connection; one a session
+    serves (session.py), with its request and what its worker is a fork of."""
     started = time.monotonic() if started is None else started
     if data is None:
         data = sys.stdin.buffer.read()
@@ -95,6 +96,7 @@ def cmd_run_stdio(jobdir, data=None, client=None, started=None):
         return 0
     sup = Supervisor(jobdir, started, limits)
     sup.client = client
+    sup.isolation = isolation
     try:
         sup.start()
     except OSError as exc:  # no worker (fork refused): an answer all the same

@@ -31,6 +31,27 @@ ZYGOTE_ENV_AT_IMPORT = ("OMP_", "OPENBLAS_", "MKL_", "GOTO", "LD_", "PYTHON", "O
                         "EDGETUNE_AGENT_ZYGOTE")
 
 
+# what a forked job of each backend finds imported (PyTorch where installed: its import and
+# torch.compile's take ~1.6 s of a torch job; importing them starts no thread and touches no GPU,
+# so a forked job is as a fresh one)
+RUNTIME_MODULES = {"ort": ("numpy", "onnxruntime"),
+                   "tflite": ("numpy", "ai_edge_litert.interpreter", "tflite_runtime.interpreter"),
+                   "torch": ("numpy", "torch", "torch._dynamo")}
+
+
+def import_runtimes(backends):
+    """Import the runtimes of these backends here, for the jobs forked from this process."""
+    env = dict(os.environ)
+    for backend in backends:
+        for mod in RUNTIME_MODULES.get(backend, ()):
+            try:
+                __import__(mod)
+            except Exception:
+                pass
+    os.environ.clear()  # what an import set for itself (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) is not this
+    os.environ.update(env)  # process's environment, which a client's (a job's) must match
+
+
 def zygote_eligible(req):
     if not isinstance(req, dict) or req.get("fresh_process") or req.get("backend") not in ZYGOTE_BACKENDS:
         return False
@@ -170,17 +191,7 @@ def cmd_serve():
     except OSError:
         return 0  # another zygote serves this agent
     srv.listen(16)
-    # (PyTorch where installed: its import and torch.compile's take ~1.6 s of a torch job; importing
-    # them starts no thread and touches no GPU, so a forked job is as a fresh one)
-    env = dict(os.environ)
-    for mod in ("numpy", "onnxruntime", "ai_edge_litert.interpreter", "tflite_runtime.interpreter", "torch",
-                "torch._dynamo"):
-        try:
-            __import__(mod)
-        except Exception:
-            pass
-    os.environ.clear()  # what an import set for itself (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) is not the
-    os.environ.update(env)  # zygote's environment, which a client's must match
+    import_runtimes(ZYGOTE_BACKENDS)
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     srv.settimeout(1.0)

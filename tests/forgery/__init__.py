@@ -1,8 +1,9 @@
 """A forging device: a compromised phone or board whose "python" forges the agent's answers.
 
 ``forger_script(path, scenario)`` writes an executable that stands in for the device's Python: it
-passes every command through to the real interpreter, except the agent's ``info`` and
-``run-stdio``, whose real answers it rewrites according to ``scenario`` (see ``SCENARIOS``). The
+passes every command through to the real interpreter, except the agent's ``info``, ``run-stdio``
+and ``session``, whose real answers it rewrites according to ``scenario`` (see ``SCENARIOS``; a
+session's answers under the scenario set when each job comes back). The
 host cannot tell it from a genuine Python: the agent file it runs is ours, byte for byte (the
 hash check passes); only what comes back is forged. Used through every farm transport whose
 device can run it (local, ssh, the qemu board); the adb phone has no Python and forges with a
@@ -64,7 +65,7 @@ def forger_script(path: Path, scenario: str = "honest", real_python: str = sys.e
 import os, sys
 sys.path.insert(0, {str(REPO)!r})
 from tests.forgery.forge import main
-main({real_python!r}, open({str(path) + '.scenario'!r}).read().strip())
+main({real_python!r}, open({str(path) + '.scenario'!r}).read().strip(), {str(path) + '.scenario'!r})
 """)
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     set_scenario(path, scenario)

@@ -141,27 +141,84 @@ def forge_info(scenario: str, raw: bytes) -> bytes:
     return (json.dumps(info) + "\n").encode()
 
 
-def main(real: str, scenario: str) -> None:
+def forge_answer(scenario: str, out: bytes) -> bytes:
+    """What the forger sends for one job whose real run-stdio stdout is ``out``."""
+    if scenario == "honest" or scenario.startswith("info-") or MAGIC not in out:
+        return out
+    files = parse(out)
+    res = json.loads(files["result.json"])
+    if res.get("status") != "ok":  # nothing to forge on a failed job: pass it on
+        return out
+    whole = forge_result(scenario, res, files)
+    return whole if whole is not None else emit(list(files.items()))
+
+
+def session(real_argv: list[str], scenario_file: str) -> None:
+    """The agent's session (PROTOCOL.md "The session"), forged: the host's jobs go to the real one,
+    each answer comes back rewritten under the scenario set at that moment (re-read per job)."""
+    import threading
+
+    p = subprocess.Popen(real_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def relay() -> None:
+        while True:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                p.stdin.close()
+                return
+            p.stdin.write(chunk)
+            p.stdin.flush()
+
+    threading.Thread(target=relay, daemon=True).start()
+    out = sys.stdout.buffer
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            sys.exit(p.wait())
+        parts = line.split()
+        if len(parts) != 5 or parts[0] != b"RESULT" or parts[2] == b"refused":
+            out.write(line)
+            out.flush()
+            continue
+        body, err = p.stdout.read(int(parts[3])), p.stdout.read(int(parts[4]))
+        with open(scenario_file) as f:
+            scenario = f.read().strip()
+        ok = MAGIC in body and json.loads(parse(body)["result.json"]).get("status") == "ok"
+        if ok and scenario == "huge-stream":  # a frame that says a gigabyte, and sends it
+            out.write(b"RESULT %s 0 %d 0\n" % (parts[1], 1 << 30))
+            try:
+                for _ in range(1024):
+                    out.write(b"0" * (1 << 20))
+                out.flush()
+            except (BrokenPipeError, OSError):
+                pass
+            os._exit(0)
+        if ok and scenario == "garbage-stdout":  # no frame at all
+            out.write(b"\xff\xfe garbage, no bundle\n")
+            out.flush()
+            os._exit(0)
+        forged = forge_answer(scenario, body)
+        out.write(b"RESULT %s %s %d %d\n" % (parts[1], parts[2], len(forged), len(err)) + forged + err)
+        out.flush()
+
+
+def main(real: str, scenario: str, scenario_file: str | None = None) -> None:
     args = sys.argv[1:]
     flags = []
     while args and args[0].startswith("-") and args[0] != "-c":  # interpreter flags (the host passes -S)
         flags.append(args.pop(0))
-    if len(args) < 2 or not args[0].endswith("edgetune_agent.py") or args[1] not in ("info", "run-stdio"):
+    if len(args) < 2 or not args[0].endswith("edgetune_agent.py") or args[1] not in ("info", "run-stdio", "session"):
         os.execv(real, [real] + flags + args)
     real_argv = [real] + flags
+    if args[1] == "session" and scenario_file:
+        session(real_argv + args, scenario_file)
     if args[1] == "info":
         p = subprocess.run(real_argv + args, capture_output=True)
         sys.stdout.buffer.write(forge_info(scenario, p.stdout) if scenario.startswith("info-") else p.stdout)
         sys.exit(p.returncode)
     p = subprocess.run(real_argv + args, input=sys.stdin.buffer.read(), capture_output=True)
-    if scenario == "honest" or scenario.startswith("info-") or MAGIC not in p.stdout:
-        sys.stdout.buffer.write(p.stdout)
-        sys.exit(p.returncode)
-    files = parse(p.stdout)
-    res = json.loads(files["result.json"])
-    if res.get("status") != "ok":  # nothing to forge on a failed job: pass it on
-        sys.stdout.buffer.write(p.stdout)
-        sys.exit(p.returncode)
-    whole = forge_result(scenario, res, files)
-    sys.stdout.buffer.write(whole if whole is not None else emit(list(files.items())))
+    forged = forge_answer(scenario, p.stdout)
+    sys.stdout.buffer.write(forged)
     sys.stdout.buffer.flush()
+    if forged is p.stdout:
+        sys.exit(p.returncode)

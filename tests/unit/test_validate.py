@@ -132,7 +132,7 @@ def test_every_field_swapped_for_every_type_is_handled(genuine):
     # detectors (probe, late-write) are as honest as the device (README: threat model)
     harmless = {"agent", "agent_version", "clock", "device_state", "device_state_after", "runtime_versions",
                 "warmup_iters", "protocol", "load_ms", "input_check", "reason", "late_change", "guard_violation",
-                "limits_enforced", "leftover_processes", "usage", "input_sha256_before", "probe"}
+                "limits_enforced", "leftover_processes", "usage", "input_sha256_before", "probe", "phases_ms"}
     assert {k for k, _ in verified} <= harmless, sorted({k for k, _ in verified} - harmless)
     # a limit the agent reports is never a verified result
     assert not [v for k, v in verified if k == "limit" and v not in (None, "")]

@@ -70,12 +70,14 @@ def _emit(out, entries):
     out.flush()
 
 
-def cmd_run_stdio(jobdir, data=None, client=None, started=None, isolation=None):
+def cmd_run_stdio(jobdir, data=None, client=None, started=None, isolation=None, answered=None, prepared=None):
     """One round trip per job: request on stdin, result + outputs back as one bundle on stdout
     ("EDGETUNE-BUNDLE 1\n" {"NAME SIZE\n" bytes}* "END\n"); the job dir is removed afterwards.
     The job runs in a worker process under this one, the supervisor (PROTOCOL.md). A job the
     zygote serves comes with its request read already and the client's connection; one a session
-    serves (session.py), with its request and what its worker is a fork of."""
+    serves (session.py), with its request, what its worker is a fork of, and a pipe (``answered``)
+    told when the bundle is whole, before the job's cgroups and dir are removed; and perhaps the
+    job's supervisor, prepared before the job came (``prepared``: used if the job's bounds fit it)."""
     started = time.monotonic() if started is None else started
     if data is None:
         data = sys.stdin.buffer.read()
@@ -90,16 +92,27 @@ def cmd_run_stdio(jobdir, data=None, client=None, started=None, isolation=None):
     try:
         limits = request_limits(req if isinstance(req, dict) else {})
     except ValueError as exc:
+        if prepared is not None:
+            prepared.abort()
         _emit(sys.stdout.buffer, [("result.json", json.dumps(
             dict(base, status="error", reason="bad request: %s" % exc)).encode())])
         _remove_jobdir(jobdir)
         return 0
-    sup = Supervisor(jobdir, started, limits)
-    sup.client = client
-    sup.isolation = isolation
+    if prepared is not None and not prepared.fits(limits):
+        prepared.abort()
+        prepared = None
+    sup = prepared or Supervisor(jobdir, started, limits)  # prepared: made ready before the job came (session.py)
+    if prepared is None:
+        sup.client = client
+        sup.isolation = isolation
     try:
-        sup.start()
-    except OSError as exc:  # no worker (fork refused): an answer all the same
+        if prepared is not None:
+            sup.go(jobdir, started, limits)
+        else:
+            sup.start()
+    except OSError as exc:  # no worker (fork refused, or the prepared one is gone): an answer all the same
+        if sup.cg is not None:
+            sup.cg.remove()
         _emit(sys.stdout.buffer, [("result.json", json.dumps(
             dict(base, status="error", reason="cannot start the job's worker: %s" % exc)).encode())])
         _remove_jobdir(jobdir)
@@ -107,8 +120,8 @@ def cmd_run_stdio(jobdir, data=None, client=None, started=None, isolation=None):
     violation = sup.watch()
     sup.sweep()
     synth = sup.outcome(violation)
-    sup.cg.remove()
     if violation and violation[0] == "signal":  # the host gave up on this job: nobody reads a bundle
+        sup.cg.remove()
         _relay_log(jobdir)
         _remove_jobdir(jobdir)
         return 128 + sup.stop_signal
@@ -139,6 +152,13 @@ def cmd_run_stdio(jobdir, data=None, client=None, started=None, isolation=None):
         _emit(sys.stdout.buffer, entries)
     except BrokenPipeError:
         pass
+    if answered is not None:  # the answer is whole: a session sends it while this one cleans up
+        try:
+            sys.stderr.flush()
+            os.write(answered, b"0")
+        except OSError:
+            pass
+    sup.cg.remove()  # every process of the job is gone (the sweep): nothing of it is left to bound
     _remove_jobdir(jobdir)
     return 0
 

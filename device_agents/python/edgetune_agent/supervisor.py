@@ -2,6 +2,7 @@
 bounds it enforces by polling (time, processes, memory), the sweep that leaves nothing of the job
 running, and what became of the worker."""
 
+import json
 import os
 import re
 import signal
@@ -208,33 +209,31 @@ class Supervisor:
         self.nproc = None  # RLIMIT_NPROC of the worker, where set
         self.subreaper = False  # orphans of the job come to the supervisor
         self.enforced = {}
+        self._go = None  # the pipe that tells the prepared worker its job
+        self.rlimit_data = False
         self.pidfd = None  # the worker's pidfd, where there are pidfds: its exit wakes the poll
         self.client = None  # zygote-served job: the connection of the client that brought it
         self.isolation = None  # what the worker is a fork of, where not a fresh process (session.py)
 
     # -- set-up
     def start(self):
-        import resource
+        self.prepare()
+        self.go()
 
+    def prepare(self):
+        """All that comes before the job: the subreaper, the job's cgroups, and the worker forked
+        into them, where it waits to be told its job (``go``). Only ``memory_mb`` and ``max_procs``
+        of the limits are used here: a session prepares the next job's supervisor before that job
+        comes (session.py), and uses it only for a job with the same two."""
         lim = self.limits
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the job, even after setsid + double fork
         self.cg = Cgroups(str(self.me), lim["memory_mb"], lim["max_procs"])
-        rlimit = _rlimit_data_takes()
+        self.rlimit_data = _rlimit_data_takes()
         # no pids cgroup: RLIMIT_NPROC stops a fork bomb in the kernel instead, between polls; it
         # counts every task of the user on the device (so: what it has now plus the job's
         # allowance) and binds no one running as root
         if lim["max_procs"] is not None and not self.cg.has("pids") and os.getuid() != 0:
             self.nproc = _user_tasks() + pids_cgroup_max(lim["max_procs"])
-        self.enforced = {
-            "memory": None if lim["memory_mb"] is None else
-            "cgroup" if self.cg.has("memory") else "rlimit+poll" if rlimit else "poll",
-            "processes": None if lim["max_procs"] is None else
-            "cgroup+poll" if self.cg.has("pids") else "rlimit+poll" if self.nproc else "poll",
-            "time": None if lim["timeout_s"] is None else "supervisor",
-            "output": None if lim["max_bundle_bytes"] is None else "supervisor",
-            "leftovers": "subreaper" if self.subreaper else "process group+cmdline",
-            "isolation": self.isolation or ("fork of the zygote" if self.client is not None else "fresh process"),
-        }
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         go_r, go_w = os.pipe()
@@ -242,10 +241,11 @@ class Supervisor:
         if pid == 0:
             try:
                 os.close(go_w)
-                self._become_worker(go_r, resource)
+                self._become_worker(go_r)
             finally:
                 os._exit(70)
         os.close(go_r)
+        self._go = go_w
         self.worker = pid
         try:
             self.pidfd = os.pidfd_open(pid)
@@ -263,13 +263,52 @@ class Supervisor:
             pass
         self.cg.add(pid)
         self.members = [pid]
-        os.write(go_w, b"g")  # the worker starts once it is in its cgroups
-        os.close(go_w)
+
+    def fits(self, limits):
+        """Whether this prepared supervisor can run a job with these limits."""
+        return all(limits[k] == self.limits[k] for k in ("memory_mb", "max_procs"))
+
+    def go(self, jobdir=None, started=None, limits=None):
+        """The job: its dir, start and limits (those of ``prepare`` where not given) to the worker,
+        which starts once it is in its cgroups."""
+        if jobdir is not None:
+            self.jobdir, self.started, self.limits = jobdir, started, limits
+        lim = self.limits
+        self.enforced = {
+            "memory": None if lim["memory_mb"] is None else
+            "cgroup" if self.cg.has("memory") else "rlimit+poll" if self.rlimit_data else "poll",
+            "processes": None if lim["max_procs"] is None else
+            "cgroup+poll" if self.cg.has("pids") else "rlimit+poll" if self.nproc else "poll",
+            "time": None if lim["timeout_s"] is None else "supervisor",
+            "output": None if lim["max_bundle_bytes"] is None else "supervisor",
+            "leftovers": "subreaper" if self.subreaper else "process group+cmdline",
+            "isolation": self.isolation or ("fork of the zygote" if self.client is not None else "fresh process"),
+        }
+        msg = json.dumps({"jobdir": self.jobdir, "max_bundle_bytes": lim["max_bundle_bytes"]}).encode()
+        try:
+            os.write(self._go, msg)
+        finally:
+            os.close(self._go)
+            self._go = None
+
+    def abort(self):
+        """A prepared supervisor that gets no job: its worker ends, its cgroups go."""
+        if self._go is not None:
+            os.close(self._go)  # EOF without a job: the worker exits
+            self._go = None
+        try:
+            os.waitpid(self.worker, 0)
+        except ChildProcessError:
+            pass
+        self.worker_status = (0, 0)
+        self.cg.remove()
 
     def _on_signal(self, signum, frame):
         self.stop_signal = signum
 
-    def _become_worker(self, go_r, resource):
+    def _become_worker(self, go_r):
+        import resource
+
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
         if self.client is not None:  # the zygote's connection to the client is the supervisor's
@@ -281,17 +320,26 @@ class Supervisor:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if self.limits["memory_mb"] is not None:
             _lower_rlimit(resource.RLIMIT_DATA, data_limit_bytes(self.limits["memory_mb"]))
-        if self.limits["max_bundle_bytes"] is not None:  # no file of the job may outgrow the whole bundle
-            _lower_rlimit(resource.RLIMIT_FSIZE, self.limits["max_bundle_bytes"])
         if self.nproc is not None:
             _lower_rlimit(resource.RLIMIT_NPROC, self.nproc)
+        msg = b""  # the job (go): sent once the worker is in its cgroups; EOF without it: no job
+        while True:
+            chunk = os.read(go_r, 65536)
+            if not chunk:
+                break
+            msg += chunk
+        if not msg:
+            os._exit(0)
+        job = json.loads(msg.decode("utf-8"))
+        self.jobdir = job["jobdir"]
+        if job["max_bundle_bytes"] is not None:  # no file of the job may outgrow the whole bundle
+            _lower_rlimit(resource.RLIMIT_FSIZE, job["max_bundle_bytes"])
         # nothing the candidate prints reaches the result stream, and it holds none of the transport's pipes
         log = os.open(os.path.join(self.jobdir, LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.read(go_r, 1)
         for fd in [int(x) for x in os.listdir("/proc/self/fd")]:  # the transport's pipes and sockets
             try:
                 if fd > 2 and (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):

@@ -16,8 +16,9 @@ from .supervisor import Supervisor
 from .zygote import _loads, import_runtimes, zygote_eligible
 
 # A job through ``run-stdio`` pays a process start on the device and a command of the transport
-# (an ssh channel, an adb shell) besides its own work: ~60 ms of ~250 on the reference host with the
-# zygote. In a session those are paid once. The frames (all ASCII lines, then raw bytes):
+# (an ssh channel, an adb shell) besides its own work: ~80 ms of ~230 on the reference host with the
+# zygote. In a session those are paid once, and the next job's supervisor is prepared while the host
+# verifies the last answer (_Job). The frames (all ASCII lines, then raw bytes):
 #   agent -> host, once:  "EDGETUNE-SESSION <protocol> <pid>\n"  (or "... 0 <why>\n" and exit: not here)
 #   host -> agent:        "JOB <id> <size>\n" <size bytes: the request, as run-stdio reads it>
 #   agent -> host:        "RESULT <id> <rc> <stdout size> <stderr size>\n" <run-stdio's stdout> <its stderr>

@@ -187,3 +187,27 @@ def test_the_session_refuses_what_it_does_not_serve_and_a_bad_header_ends_it(tmp
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_an_agent_file_rewritten_under_an_open_session_changes_nothing_that_runs(tmp_path, tiny):
+    """The session runs the agent it was started from (checked right before), from memory: a file
+    rewritten on the device afterwards runs nowhere. The next job that starts the agent file (an
+    adapter, by run-stdio) finds it changed and pushes ours again, as before every such job."""
+    from tests.conformance import suite
+
+    client = _client(tmp_path)
+    mlp = suite.build_mlp(tmp_path / "mlp.onnx")
+    try:
+        assert client.run_job(_job(tiny)).status == "ok"
+        agent = tmp_path / "wd" / "agent" / "edgetune_agent.py"
+        genuine = agent.read_bytes()
+        agent.write_text("import sys\nsys.stdout.write('EDGETUNE-BUNDLE 1\\nEND\\n')\n")  # a forger
+        res = client.run_job(_job(tiny))
+        assert res.status == "ok" and res.limits_enforced["isolation"] == "fork of the agent session", res.reason
+        assert client.agent_repushes == 0 and client.sessions_opened == 1
+        v, _ = suite.run_case(client, suite.mlp_case(mlp), "adapter", suite.ADAPTERS / "correct.py", model=mlp,
+                              timeout_s=60)
+        assert v.ok, v.reason
+        assert client.agent_repushes == 1 and agent.read_bytes() == genuine
+    finally:
+        client.close()

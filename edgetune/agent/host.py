@@ -533,37 +533,40 @@ class AgentClient:
             if stream is None:
                 return None
             job_id = jobdir.rsplit("/", 1)[-1].encode()
-            deadline = time.monotonic() + timeout
             try:
                 stream.send(b"JOB %s %d\n" % (job_id, len(data)) + data)
-                head = stream.read_line(deadline)
-                parts = head.split(b" ") if head is not None else []
-                if len(parts) == 5 and parts[:2] == [b"RESULT", job_id] and parts[2] == b"refused":
-                    return None
-                if not (len(parts) == 5 and parts[:2] == [b"RESULT", job_id]
-                        and all(p.lstrip(b"-").isdigit() for p in parts[2:]) and int(parts[3]) >= 0
-                        and 0 <= int(parts[4]) <= 1 << 20):
-                    self._drop_session(kill=True)
-                    why = "ended before it answered" if head is None else "answered out of protocol"
-                    return Completed(70, b"", f"the agent session {why}".encode())
-                rc, n_out, n_err = (int(p) for p in parts[2:])
-                if n_out > max_output:  # a device cannot make us hold more: the session goes, like the command
-                    self._drop_session(kill=True)
-                    return Completed(-signal.SIGKILL, b"", b"", overflow=True)
-                out = stream.read_exact(n_out, deadline)
-                err = stream.read_exact(n_err, deadline)
-                if out is None or err is None:
-                    self._drop_session(kill=True)
-                    return Completed(70, b"", b"the agent session ended while it answered")
-                return Completed(rc, out, err)
-            except StreamTimeout:
-                self._drop_session(kill=True)  # its job is stopped and swept on the device
-                return Completed(-signal.SIGKILL, b"", b"", timed_out=True)
+                c, usable = self._answer(stream, job_id, time.monotonic() + timeout, max_output)
+            except StreamTimeout:  # its job is stopped and swept on the device
+                c, usable = Completed(-signal.SIGKILL, b"", b"", timed_out=True), False
             except BaseException:
                 self._drop_session(kill=True)
                 raise
+            if not usable:
+                self._drop_session(kill=True)  # the next job opens another
+            return c
         finally:
             self._session_lock.release()
+
+    @staticmethod
+    def _answer(stream: Stream, job_id: bytes, deadline: float, max_output: int) -> tuple[Completed | None, bool]:
+        """The session's answer to job ``job_id``, as run-stdio's Completed (None: refused), and
+        whether the session can serve on after it."""
+        head = stream.read_line(deadline)
+        parts = head.split(b" ") if head is not None else []
+        if len(parts) == 5 and parts[:2] == [b"RESULT", job_id] and parts[2] == b"refused":
+            return None, True
+        if not (len(parts) == 5 and parts[:2] == [b"RESULT", job_id] and all(p.lstrip(b"-").isdigit() for p in parts[2:])
+                and int(parts[3]) >= 0 and 0 <= int(parts[4]) <= 1 << 20):
+            why = "ended before it answered" if head is None else "answered out of protocol"
+            return Completed(70, b"", f"the agent session {why}".encode()), False
+        rc, n_out, n_err = (int(p) for p in parts[2:])
+        if n_out > max_output:  # a device cannot make us hold more: the session goes, like the command
+            return Completed(-signal.SIGKILL, b"", b"", overflow=True), False
+        out = stream.read_exact(n_out, deadline)
+        err = stream.read_exact(n_err, deadline)
+        if out is None or err is None:
+            return Completed(70, b"", b"the agent session ended while it answered"), False
+        return Completed(rc, out, err), True
 
     def _open_session(self) -> Stream | None:
         self._check_agent()  # the session runs the agent file once: it is ours right before it starts

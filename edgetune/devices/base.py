@@ -50,6 +50,8 @@ class Transport(Protocol):
       stderr is always bounded to its last ``MAX_STDERR`` bytes.
     * ``push``/``pull`` copy one file; remote parent directories must exist (use ``run(["mkdir","-p",...])``).
     * ``kind`` is "local", "ssh" or "adb"; ``address`` is a display string without secrets.
+    * ``open_stream(argv) -> Stream`` (all three have it; optional for others): a command that
+      keeps its stdin and stdout open, for the agent's session (``Stream`` below).
     """
 
     kind: str

@@ -24,11 +24,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from edgetune.agent import validate
+from edgetune.agent import session, validate
 from edgetune.agent.bundle import python_agent
 from edgetune.agent.validate import BUNDLE_MAGIC, Invalid, parse_bundle  # noqa: F401 - re-exported
 from edgetune.build.native import build_agent
-from edgetune.devices.base import Completed, Stream, StreamTimeout, Transport
+from edgetune.devices.base import Completed, Stream, Transport
 from edgetune.devices.inventory import DeviceSpec, edgetune_home, fingerprint_key, open_transport
 from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
@@ -40,7 +40,6 @@ PROTOCOL = 3
 CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
 CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
 PROBE_PAIRS = 16  # TEST04 probe: at most this many repeated-input / new-input pairs (at least 8)
-SESSION_START_S = 30.0  # how long an agent session may take to say it is there
 
 
 # bounds a candidate runs under on the device (the agent's supervisor enforces them; PROTOCOL.md)
@@ -521,23 +520,24 @@ class AgentClient:
 
     # -------------------------------------------------------------------- the agent's session
     def _in_session(self, jobdir: str, data: bytes, timeout: float, max_output: int) -> Completed | None:
-        """Run the job on the agent's session (device_agents/PROTOCOL.md "The session"): what the
-        agent answered, as run-stdio's Completed, or None where it is not served there (not a
-        runtime configuration, a device without sessions, the session busy with another job)."""
+        """Run the job on the agent's session (session.py): what the agent answered, as run-stdio's
+        Completed, or None where it is not served there (not a runtime configuration, a device
+        without sessions, the session busy with another job)."""
         if self._native or self.spec.options.get("zygote") is False or self.spec.options.get("session") is False \
                 or self.session_off is not None \
                 or not hasattr(self.transport, "open_stream") or not self._session_lock.acquire(blocking=False):
             return None
         try:
-            stream = self._session or self._open_session()
-            if stream is None:
-                return None
-            job_id = jobdir.rsplit("/", 1)[-1].encode()
+            if self._session is None:
+                self._check_agent()  # the session runs the agent file once: it is ours right before it starts
+                self._session, self.session_off = session.start(
+                    self.transport, [*self._agent_argv, "session", f"{self.workdir}/jobs"], PROTOCOL)
+                if self._session is None:
+                    return None  # jobs go by run-stdio
+                self.sessions_opened += 1
             try:
-                stream.send(b"JOB %s %d\n" % (job_id, len(data)) + data)
-                c, usable = self._answer(stream, job_id, time.monotonic() + timeout, max_output)
-            except StreamTimeout:  # its job is stopped and swept on the device
-                c, usable = Completed(-signal.SIGKILL, b"", b"", timed_out=True), False
+                c, usable = session.exchange(self._session, jobdir.rsplit("/", 1)[-1].encode(), data,
+                                             time.monotonic() + timeout, max_output)
             except BaseException:
                 self._drop_session(kill=True)
                 raise
@@ -546,48 +546,6 @@ class AgentClient:
             return c
         finally:
             self._session_lock.release()
-
-    @staticmethod
-    def _answer(stream: Stream, job_id: bytes, deadline: float, max_output: int) -> tuple[Completed | None, bool]:
-        """The session's answer to job ``job_id``, as run-stdio's Completed (None: refused), and
-        whether the session can serve on after it."""
-        head = stream.read_line(deadline)
-        parts = head.split(b" ") if head is not None else []
-        if len(parts) == 5 and parts[:2] == [b"RESULT", job_id] and parts[2] == b"refused":
-            return None, True
-        if not (len(parts) == 5 and parts[:2] == [b"RESULT", job_id] and all(p.lstrip(b"-").isdigit() for p in parts[2:])
-                and int(parts[3]) >= 0 and 0 <= int(parts[4]) <= 1 << 20):
-            why = "ended before it answered" if head is None else "answered out of protocol"
-            return Completed(70, b"", f"the agent session {why}".encode()), False
-        rc, n_out, n_err = (int(p) for p in parts[2:])
-        if n_out > max_output:  # a device cannot make us hold more: the session goes, like the command
-            return Completed(-signal.SIGKILL, b"", b"", overflow=True), False
-        out = stream.read_exact(n_out, deadline)
-        err = stream.read_exact(n_err, deadline)
-        if out is None or err is None:
-            return Completed(70, b"", b"the agent session ended while it answered"), False
-        return Completed(rc, out, err), True
-
-    def _open_session(self) -> Stream | None:
-        self._check_agent()  # the session runs the agent file once: it is ours right before it starts
-        stream = self.transport.open_stream([*self._agent_argv, "session", f"{self.workdir}/jobs"])
-        try:
-            hello = stream.read_line(time.monotonic() + SESSION_START_S)
-        except StreamTimeout:
-            hello = None
-        except BaseException:
-            stream.kill()
-            raise
-        words = (hello or b"").decode("ascii", "replace").split(" ")
-        if len(words) == 3 and words[0] == "EDGETUNE-SESSION" and words[1] == str(PROTOCOL) and words[2].isdigit():
-            self._session = stream
-            self.sessions_opened += 1
-            return stream
-        stream.kill()
-        # an agent that says it cannot (no subreaper: qemu-user) or that did not answer: jobs go by run-stdio
-        self.session_off = " ".join(words[2:]) if len(words) >= 3 and words[:2] == ["EDGETUNE-SESSION", "0"] \
-            else "no answer" if hello is None else "not an agent session"
-        return None
 
     def _drop_session(self, kill: bool = False) -> None:
         stream, self._session = self._session, None

@@ -31,9 +31,10 @@ from edgetune.hostwork import HostWork
 from edgetune.kernels.device_measure import device_peaks
 from edgetune.kernels.targets import gpu_peak_gflops
 from edgetune.modelfile import Deadline, Model, load_model
-from edgetune.measure import looks, rotation
+from edgetune.measure import looks
 from edgetune.results import summarize_run
-from edgetune.select import confirm_seed, confirm_tags, confirm_workload, replay, stored_round
+from edgetune.rounds import interleaved
+from edgetune.select import confirm_seed, confirm_tags, confirm_workload, is_confirmation, replay, stored_round
 from edgetune.space import APPROXIMATE_SPACES, BuildFailed, Prepared, load_space
 from edgetune.space.openvino import check_precision
 from edgetune.space.ort_gpu import GPU_PROVIDERS
@@ -223,14 +224,15 @@ class DeviceTuner:
             return prepared[k]
 
         def run_one(cand: Candidate, space: Any, rnd: int, budget_ms: float, job_wl: Workload | None = None,
-                    tags: dict[str, Any] | None = None) -> None:
-            # job_wl: the inputs of this job (confirmation rounds run on new ones); tags: added to the verdict JSON
+                    tags: dict[str, Any] | None = None) -> str | None:
+            # job_wl: the inputs of this job (confirmation rounds run on new ones); tags: added to the
+            # verdict JSON. Returns None when the job was verified (or is stored), else its reason
             job_wl = job_wl or wl
             tags = tags or {}
             key = cand.key()
             if (key, rnd) in existing:  # (counted in jobs_skipped when the run was taken up)
                 self.progress({"event": "skip", "device": self.spec.name, "candidate": cand.label(), "round": rnd})
-                return
+                return None
             p = prep(cand, space)
             t0 = time.perf_counter()
             if isinstance(p, str):
@@ -258,6 +260,7 @@ class DeviceTuner:
             self.progress({"event": "job", "device": self.spec.name, "shape": wl.shape_label,
                            "candidate": cand.label(), "round": rnd, "status": status, "reason": verdict.reason,
                            "median_ms": med, **tags})
+            return None if verdict.ok else (verdict.reason or "failed")
 
         def per_job_budget(n_jobs: int, share: float, lo: float, hi: float) -> float:
             left_ms = max(0.0, (deadline - time.monotonic()) * 1e3 * share)
@@ -280,12 +283,17 @@ class DeviceTuner:
         # every round up to the cap, since a real win of 1.2x on a noisy device needs the later looks
         # (a tune that stops at an earlier look just ends sooner)
         confirm_jobs = (self.cfg.confirm_rounds * min(3, len(base) + 1) if others or len(base) > 1 else 0)
-        for rnd in range(1, self.cfg.rounds + 1):
+        # the race: the one round loop (rounds.interleaved); a finalist that fails a round is out,
+        # also one whose failure a resumed run finds stored
+        out = {r.candidate_key: r.reason for r in existing.values()
+               if r is not None and 0 < r.round and not is_confirmation(r.round) and r.status != "verified"}
+
+        def race_budget(rnd: int) -> float:
             remaining_rounds = self.cfg.rounds - rnd + 1
-            budget = per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
-            for k in rotation(finalists, rnd):
-                cand, space = by_key[k]
-                run_one(cand, space, rnd, budget)
+            return per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
+
+        interleaved(finalists, self.cfg.rounds,
+                    lambda k, rnd, budget: run_one(*by_key[k], rnd, budget), before_round=race_budget, out=out)
         self._confirm(run_id, wl, by_key, run_one, per_job_budget, deadline)
 
     def _confirm(self, run_id: str, wl: Workload, by_key: dict[str, tuple[Candidate, Any]],

@@ -51,7 +51,8 @@ from edgetune.kernels.search import tune_workload
 from edgetune.kernels.targets import TARGETS_DIR, cuda_target_name, device_sm, gpu_peak_gflops, load_target
 from edgetune.kernels.workloads import extract_onnx_tasks, parse_workload
 from edgetune.ops.forms import weight_inputs
-from edgetune.measure import round_median, round_ratio, rotation, summarize
+from edgetune.measure import round_median, round_ratio, summarize
+from edgetune.rounds import interleaved
 from edgetune.modelfile import load_model
 from edgetune.workload import parse_dims, resolve_model, shape_points
 
@@ -440,52 +441,54 @@ class FinalRounds:
 def final_rounds(w, entrants: Sequence[Entrant], forms: Sequence["BaselineForm"], rounds: int,
                  weights: Mapping[int, np.ndarray], run_form, record, *, device_lost=lambda: False,
                  on_round=None) -> FinalRounds | None:
-    """The one final-round loop (DESIGN.md §4.4-4.6): every entrant and every baseline form, in a
-    rotating order (A B C, B C A, ...), on fresh activations each round with the same weight
-    values everywhere; every run verified against the host's float64 reference. A participant that
+    """The final rounds of a kernel verdict (DESIGN.md §4.4-4.6), on the one round loop
+    (``rounds.interleaved``): every entrant and every baseline form, in the rotating order, on fresh
+    activations each round with the same weight values everywhere; every run verified against the host's float64 reference. A participant that
     fails a round is out (recorded once, never the baseline, never selected).
     ``record(participant, round, ok, reason, max_abs, max_rel, KernelRun, JobResult|None, wall_ms)``
     stores each run; ``run_form(form, form_inputs)`` runs a baseline form. None when the device was
     lost (``device_lost()`` after a DeviceError)."""
     participants = list(entrants) + [Entrant(f.key, form=f) for f in forms]
     groups: dict[str, list[np.ndarray]] = {p.key: [] for p in participants}
-    failed: dict[str, str] = {}
     if not entrants:
-        return FinalRounds(groups, failed, 0)  # nothing to race: no baseline is measured for nobody
-    for rnd in range(1, rounds + 1):
+        return FinalRounds(groups, {}, 0)  # nothing to race: no baseline is measured for nobody
+
+    def start(rnd: int):
         inputs = final_inputs(w, rnd, weights)
         reference = w.reference(inputs)
         if on_round:
             on_round(rnd)
-        for who in rotation(participants, rnd):
-            if who.key in failed:
-                continue
-            t0 = time.perf_counter()
-            try:
-                if who.form is None:
-                    view, xs, ref = w, [x.copy() for x in inputs], reference
-                    jr, run = who.run(xs)
-                else:
-                    view = who.form.view
-                    xs, ref = view.to_form(inputs), view.outputs_to_form(reference)
-                    jr, run = run_form(who.form, xs)
-            except DeviceError:
-                if device_lost():
-                    return None
-                raise
-            wall = (time.perf_counter() - t0) * 1e3
-            checks = {}  # an entrant's roofline and emulation flag (baseline forms: the defaults)
-            if who.peak_gflops is not None:
-                checks["peak_gflops"] = who.peak_gflops
-            if not who.timings_trusted:
-                checks["timings_trusted"] = False
-            ok, reason, mabs, mrel = check_kernel_run(run, view, xs, ref, **checks)
-            if ok:
-                groups[who.key].append(np.asarray(run.samples_ns, np.int64))
-            else:
-                failed[who.key] = reason or "failed"
-            record(who, rnd, ok, reason, mabs, mrel, run, jr, wall)
-    return FinalRounds(groups, failed, rounds)
+        return inputs, reference
+
+    def one(who: Entrant, rnd: int, ctx) -> str | None:
+        inputs, reference = ctx
+        t0 = time.perf_counter()
+        if who.form is None:
+            view, xs, ref = w, [x.copy() for x in inputs], reference
+            jr, kr = who.run(xs)
+        else:
+            view = who.form.view
+            xs, ref = view.to_form(inputs), view.outputs_to_form(reference)
+            jr, kr = run_form(who.form, xs)
+        wall = (time.perf_counter() - t0) * 1e3
+        checks = {}  # an entrant's roofline and emulation flag (baseline forms: the defaults)
+        if who.peak_gflops is not None:
+            checks["peak_gflops"] = who.peak_gflops
+        if not who.timings_trusted:
+            checks["timings_trusted"] = False
+        ok, reason, mabs, mrel = check_kernel_run(kr, view, xs, ref, **checks)
+        if ok:
+            groups[who.key].append(np.asarray(kr.samples_ns, np.int64))
+        record(who, rnd, ok, reason, mabs, mrel, kr, jr, wall)
+        return None if ok else (reason or "failed")
+
+    try:
+        failed = interleaved(participants, rounds, one, before_round=start, key=lambda p: p.key)
+    except DeviceError:
+        if device_lost():
+            return None
+        raise
+    return FinalRounds(groups, {str(k): v for k, v in failed.items()}, rounds)
 
 
 def _weights_sha(weights: Mapping[int, np.ndarray]) -> dict[str, str]:

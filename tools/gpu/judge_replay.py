@@ -69,7 +69,7 @@ def prepare(out: Path, ops: list[str], kernel_paths: list[str], sm: str, rounds:
     from edgetune.judge import collect_kernels, odd_variant, op_macros
     from edgetune.kernels import session as S
     from edgetune.kernels.workloads import parse_workload
-    from edgetune.measure import rotation
+    from edgetune.rounds import interleaved
 
     if out.exists():
         sys.exit(f"error: {out} exists; give a new directory")
@@ -126,19 +126,22 @@ def prepare(out: Path, ops: list[str], kernel_paths: list[str], sm: str, rounds:
             forms, _ = _gpu_forms(w, weights, out / "host", sm)
             participants = [("kernel", k.name) for k in kernels] + [("form", f.key) for f in forms]
             by_form = {f.key: f for f in forms}
-            for rnd in range(1, rounds + 1):  # 2. the rounds, in the judge's rotating order
-                inputs = S.final_inputs(w, rnd, weights)
-                for kind, key in rotation(participants, rnd):
-                    if kind == "kernel":
-                        job = kjob(next(k for k in kernels if k.name == key), w, [x.copy() for x in inputs])
-                    else:
-                        f = by_form[key]
-                        job = Job(backend=f.backend, artifact=f.artifact, params=dict(f.params),
-                                  input_names=[s.name for s in f.view.inputs], input_sets=[f.view.to_form(inputs)],
-                                  output_specs=[s.as_json() for s in f.view.outputs], budget_ms=budget_ms,
-                                  warmup_ms=min(50.0, max(5.0, budget_ms / 5)), max_iters=20_000, timeout_s=300.0)
-                    stage(job, {"op": oi, "stage": "round", "round": rnd, "who": key, "kind": kind,
-                                "agent": "python" if kind == "form" else "native"})
+            def plan_job(who, rnd, inputs):  # staged, not run: no participant is out before the device runs it
+                kind, key = who
+                if kind == "kernel":
+                    job = kjob(next(k for k in kernels if k.name == key), w, [x.copy() for x in inputs])
+                else:
+                    f = by_form[key]
+                    job = Job(backend=f.backend, artifact=f.artifact, params=dict(f.params),
+                              input_names=[s.name for s in f.view.inputs], input_sets=[f.view.to_form(inputs)],
+                              output_specs=[s.as_json() for s in f.view.outputs], budget_ms=budget_ms,
+                              warmup_ms=min(50.0, max(5.0, budget_ms / 5)), max_iters=20_000, timeout_s=300.0)
+                stage(job, {"op": oi, "stage": "round", "round": rnd, "who": key, "kind": kind,
+                            "agent": "python" if kind == "form" else "native"})
+
+            # 2. the rounds, on the judge's one round loop (its rotating order)
+            interleaved(participants, rounds, plan_job,
+                        before_round=lambda rnd, _w=w, _wt=weights: S.final_inputs(_w, rnd, _wt))
             ops_doc.append({"op": w.spec(), "odd": odd.spec(), "kernels": kernels, "built": built})
     finally:
         client.close()

@@ -141,7 +141,7 @@ def test_pubkey_format_and_signature_check(adb_farm, adb_farm_module, tmp_path):
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import padding, utils
 
-    emu = adb_farm_module.adbd_emu
+    emu = adb_farm_module.adb_proto
     r = subprocess.run([adb_farm.adb_bin, "keygen", str(tmp_path / "k")], capture_output=True, timeout=60)
     assert r.returncode == 0, r
     priv = serialization.load_pem_private_key((tmp_path / "k").read_bytes(), password=None)

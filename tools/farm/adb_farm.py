@@ -27,8 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EMULATOR = os.path.join(HERE, "adbd_emu.py")
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-import adbd_emu  # noqa: E402,F401  (re-exported: tests use adb_farm.adbd_emu)
-from adbd_emu import android_pubkey_encode  # noqa: E402
+import adb_proto  # noqa: E402,F401  (re-exported: tests use adb_farm.adb_proto's key helpers)
+from adb_proto import android_pubkey_encode  # noqa: E402
 
 # the adb server probes localhost:5555..5585 for emulators at start: never give a phone those
 _ADB_EMULATOR_PORTS = range(5554, 5587)

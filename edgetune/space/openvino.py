@@ -16,6 +16,15 @@ an approximate run under an exact name. Approximate precisions (bf16, fp16, int8
 only when the device's CPU has them (OpenVINO's OPTIMIZATION_CAPABILITIES); int8 is NNCF's
 post-training quantization of the ONNX model (QDQ), calibrated on seeded sets of its own, never the
 verification inputs (``ort_rewrite.calibration_feeds``), built in a child process and cached.
+
+NNCF has more than one recipe, and which keeps accuracy depends on the graph (measured on the zoo:
+docs/results/zoo-runtimes.md), so the space races the ones that fit it (``NNCF_RECIPES``):
+
+  - ``nncf``: the default preset (symmetric activations), every graph;
+  - ``nncf-mixed``: asymmetric activations and full bias correction, the recipe for CNNs whose
+    activations go negative (hard-swish, SiLU): EfficientNet-B0's cosine 0.969 -> 0.994;
+  - ``nncf-transformer``: NNCF's transformer model type (it leaves the attention's sensitive ops in
+    float, SmoothQuant), graphs with attention: BERT-base 0.9989 -> 0.9996, ViT-B/16 0.899 -> 0.9945.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from edgetune.agent.host import AgentInfo
 from edgetune.candidate import Candidate
 from edgetune.space import BuildFailed, Prepared
 from edgetune.space.ort import thread_counts
-from edgetune.space.ort_rewrite import cached_build, calibration_feeds
+from edgetune.space.ort_rewrite import cached_build, calibration_feeds, fusion_types
 from edgetune.modelfile import Model
 from edgetune.workload import Workload
 
@@ -38,6 +47,12 @@ from edgetune.workload import Workload
 CAPABILITY = {"BF16": "bf16", "FP16": "fp16", "INT8": "int8"}
 HINTS = ("latency", "throughput")
 AGENT_KEYS = ("precision", "hint", "threads", "streams", "pinning")  # what the agent's backend takes
+NNCF_RECIPES = ("nncf", "nncf-mixed", "nncf-transformer")
+
+
+def nncf_recipes(model: Model) -> list[str]:
+    """The NNCF recipes raced on this graph: the default, and the one for its kind (attention or not)."""
+    return ["nncf", "nncf-transformer" if fusion_types(model) else "nncf-mixed"]
 
 
 def default_precision(info: AgentInfo) -> str:
@@ -87,7 +102,7 @@ class OpenvinoSpace:
         cores = int(info.fingerprint.get("cores") or 1)
         for prec in precisions(info):
             if prec == "int8":
-                out.append(Candidate.make("openvino", {"precision": "int8", "quant": "nncf"}))
+                out.extend(Candidate.make("openvino", {"precision": "int8", "quant": r}) for r in nncf_recipes(model))
                 continue
             for hint in HINTS:
                 for threads in thread_counts(cores):
@@ -104,20 +119,21 @@ class OpenvinoSpace:
         else:
             params.update({k: v for k, v in p.items() if k in AGENT_KEYS and not (k == "precision" and v == "int8")})
         art = workload.model.path
-        if p.get("quant") == "nncf":
-            art = quantized(workload, cache_dir)
+        if p.get("quant") in NNCF_RECIPES:
+            art = quantized(workload, cache_dir, str(p["quant"]))
         return Prepared("openvino", art, params)
 
 
-def quantized(wl: Workload, cache_dir: Path) -> Path:
-    """NNCF's post-training int8 quantization of the model (QDQ ONNX), calibrated on seeded sets."""
+def quantized(wl: Workload, cache_dir: Path, recipe: str = "nncf") -> Path:
+    """NNCF's post-training int8 quantization of the model (QDQ ONNX) by ``recipe``, calibrated on
+    seeded sets."""
     if importlib.util.find_spec("nncf") is None:  # (the build's child process imports it)
         raise BuildFailed("int8 by NNCF needs the openvino extra: pip install 'edgetune[openvino]'")
     feeds = calibration_feeds(wl)
-    payload = {"model": wl.model.sha256, "quant": "nncf", "nncf": _nncf_version(),
+    payload = {"model": wl.model.sha256, "quant": recipe, "nncf": _nncf_version(),
                "calibration": [hashlib.sha256(b"".join(a.tobytes() for a in f.values())).hexdigest()[:16]
                                for f in feeds]}
-    return cached_build(cache_dir, "openvino-int8", payload, {"op": "nncf", "src": str(wl.model.path)}, feeds)
+    return cached_build(cache_dir, "openvino-int8", payload, {"op": "nncf", "recipe": recipe, "src": str(wl.model.path)}, feeds)
 
 
 def _nncf_version() -> str:

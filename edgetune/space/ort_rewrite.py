@@ -177,7 +177,7 @@ def _child(spec_path: str) -> int:
             if spec["op"] == "fuse":
                 made = fuse(Path(spec["src"]), spec["model_type"], out_dir)
             elif spec["op"] == "nncf":
-                made = quantize_nncf(Path(spec["src"]), feeds or [], out_dir)
+                made = quantize_nncf(Path(spec["src"]), feeds or [], out_dir, spec.get("recipe", "nncf"))
             else:
                 made = quantize(Path(spec["src"]), spec["variant"], feeds, out_dir)
         keep = {made.name, *external_data_files(made)}
@@ -268,9 +268,11 @@ def quantize(src: Path, variant: str, feeds: list[dict[str, Any]] | None, out_di
     return out
 
 
-def quantize_nncf(src: Path, feeds: list[dict[str, Any]], out_dir: Path) -> Path:
+def quantize_nncf(src: Path, feeds: list[dict[str, Any]], out_dir: Path, recipe: str = "nncf") -> Path:
     """NNCF's post-training quantization (its ONNX backend: a QDQ model OpenVINO runs in int8),
-    calibrated on ``feeds`` (all of them; the default preset: symmetric weights, per-channel)."""
+    calibrated on ``feeds`` (all of them; symmetric per-channel weights). ``recipe``: ``nncf`` (the
+    default preset), ``nncf-mixed`` (asymmetric activations, full bias correction) or
+    ``nncf-transformer`` (NNCF's transformer model type)."""
     # NNCF reports usage to Intel's telemetry unless told it runs in CI: nothing leaves this host
     os.environ["NNCF_CI"] = "1"
     sys.modules.setdefault("openvino_telemetry", None)  # and OpenVINO's import (nncf imports it) neither
@@ -280,7 +282,12 @@ def quantize_nncf(src: Path, feeds: list[dict[str, Any]], out_dir: Path) -> Path
     model = onnx.load(str(src))
     if _big(src):
         raise BuildFailed("int8 by NNCF: models with external data are not quantized here")
-    quantized = nncf.quantize(model, nncf.Dataset(feeds), subset_size=len(feeds))
+    options: dict[str, Any] = {
+        "nncf": {},
+        "nncf-mixed": {"preset": nncf.QuantizationPreset.MIXED, "fast_bias_correction": False},
+        "nncf-transformer": {"model_type": nncf.ModelType.TRANSFORMER},
+    }[recipe]
+    quantized = nncf.quantize(model, nncf.Dataset(feeds), subset_size=len(feeds), **options)
     out = out_dir / "int8.onnx"
     onnx.save(quantized, str(out))
     return out

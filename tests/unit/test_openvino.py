@@ -104,6 +104,46 @@ def test_under_a_budget_the_approximate_forms_are_judged_by_accuracy(tiny_model,
         assert approx.status == "verified" and approx.accuracy["cosine"] >= 0.95
 
 
+def test_nncf_recipes_follow_the_graph_and_each_builds_its_own_model(tiny_model, tmp_path):
+    """The int8 forms are NNCF's recipes for the graph's kind: the default everywhere, the
+    transformer model type where there is attention, asymmetric activations where there is not.
+    Each recipe reaches NNCF (its own model, its own cache entry), calibrated, never verified on."""
+    require_module("nncf")
+    import onnx
+
+    from edgetune.space.openvino import nncf_recipes, quantized
+    from edgetune.space.ort_rewrite import calibration_feeds
+    from edgetune.workload import resolve_model, shape_points
+
+    tf, cnn = load_model(resolve_model("transformer")), load_model(tiny_model)
+    assert nncf_recipes(tf) == ["nncf", "nncf-transformer"] and nncf_recipes(cnn) == ["nncf", "nncf-mixed"]
+    info = _fake_info()
+    assert {c.param_dict.get("quant") for c in SPACE.candidates(tf, info)} >= {"nncf", "nncf-transformer"}
+    assert "nncf-transformer" not in {c.param_dict.get("quant") for c in SPACE.candidates(cnn, info)}
+    for model, recipes in ((tf, ("nncf", "nncf-transformer")), (cnn, ("nncf", "nncf-mixed"))):
+        wl = build_workload(model, shape_points(model, {}, {"batch": [2]})[0])
+        sent = {a.tobytes() for s in wl.input_sets for a in s}
+        assert not any(a.tobytes() in sent for f in calibration_feeds(wl) for a in f.values())
+        built = {r: quantized(wl, tmp_path, r) for r in recipes}
+        assert len({p.parent for p in built.values()}) == 2  # one cache entry per recipe
+        graphs = {r: onnx.load(str(p)) for r, p in built.items()}
+        for r, g in graphs.items():
+            assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in g.graph.node}, r
+        a, b = (g.SerializeToString() for g in graphs.values())
+        assert a != b  # the recipe changed what NNCF built
+        assert quantized(wl, tmp_path, recipes[1]) == built[recipes[1]]  # cached
+
+
+def _fake_info():
+    from edgetune.agent.host import AgentInfo
+
+    return AgentInfo(agent="python", agent_version="t", arch="x86_64", python="3",
+                     runtimes={"onnxruntime": "x", "openvino": "2026", "openvino_devices": ["CPU"],
+                               "openvino_cpu_capabilities": ["FP32", "INT8"],
+                               "openvino_cpu_default_precision": ["fp32"]},
+                     fingerprint={"cores": 2})
+
+
 def test_a_run_in_another_precision_than_its_label_fails(tiny_model, local_info, tmp_path):
     caps = local_info.runtimes.get("openvino_cpu_capabilities") or []
     wl = build_workload(load_model(tiny_model), {"batch": 8}, {}, n_seeded=1)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -59,6 +60,13 @@ def main() -> int:
     import openvino as ov
 
     work = Path(tempfile.mkdtemp(prefix="nncf-recipes-"))
+    try:
+        return _run(args, work, nncf, onnx, ort, ov)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args, work: Path, nncf, onnx, ort, ov) -> int:
     path = zoo.build(args.model, "full", work)
     model = load_model(path)
     dims = {"batch": 1, **{k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}}

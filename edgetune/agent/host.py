@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import signal
 import stat
 import sys
@@ -18,7 +17,6 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,27 +24,17 @@ import numpy as np
 
 from edgetune.agent import session, validate
 from edgetune.agent.bundle import python_agent
+from edgetune.agent.messages import MAX_PROCS, MEMORY_MB, TimedCheck  # noqa: F401 - re-exported
+from edgetune.agent.messages import PROTOCOL, AgentInfo, Job, JobResult
 from edgetune.agent.validate import BUNDLE_MAGIC, Invalid, parse_bundle  # noqa: F401 - re-exported
 from edgetune.build.native import build_agent
 from edgetune.devices.base import Completed, Stream, Transport
-from edgetune.devices.inventory import DeviceSpec, edgetune_home, fingerprint_key, open_transport
+from edgetune.devices.inventory import DeviceSpec, edgetune_home, open_transport
 from edgetune.errors import DeviceError, DeviceUnreachable, UserInputError
 from edgetune.hashing import sha256_file
 from edgetune.private import private_dir
 from edgetune.text import device_text
 from edgetune.modelfile import external_data_files
-
-PROTOCOL = 3
-CHECK_ITERS = 4  # timed iterations, picked at random after they returned, whose outputs are verified
-CHECK_FASTEST = 2  # ... and the fastest timed iterations (where skipped work would show)
-PROBE_PAIRS = 16  # TEST04 probe: at most this many repeated-input / new-input pairs (at least 8)
-
-
-# bounds a candidate runs under on the device (the agent's supervisor enforces them; PROTOCOL.md)
-MEMORY_MB = 4096  # resident memory of the candidate and everything it spawns
-MAX_PROCS = 64  # processes the candidate may have at once (itself included)
-RESULT_SLACK = 8 << 20  # bytes of a result bundle beyond its arrays (result.json, headers)
-
 
 def default_workdir(spec: DeviceSpec) -> str:
     """The device's work dir: its ``workdir`` option, else a private per-user default (never a
@@ -65,100 +53,6 @@ def _tighten_own_dir(path: str) -> None:
         return
     if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022 and st.st_mode & 0o077:
         os.chmod(path, 0o700)
-
-
-@dataclass(frozen=True)
-class AgentInfo:
-    agent: str  # "python" | "native"
-    agent_version: str
-    arch: str
-    python: str | None
-    runtimes: dict[str, Any]
-    fingerprint: dict[str, Any]
-
-    @property
-    def fingerprint_key(self) -> str:
-        return fingerprint_key({**self.fingerprint, "arch": self.arch})
-
-    @property
-    def emulated(self) -> bool:
-        return bool(self.fingerprint.get("emulated"))
-
-
-@dataclass
-class Job:
-    backend: str
-    artifact: Path
-    params: dict[str, Any]
-    input_names: list[str]
-    input_sets: list[list[np.ndarray]]
-    output_specs: list[dict[str, Any]]  # name, dtype, shape: never values
-    model: Path | None = None
-    budget_ms: float = 200.0
-    warmup_ms: float = 20.0
-    min_iters: int = 3
-    max_iters: int = 100_000
-    timeout_s: float = 120.0
-    # seed of the fresh inputs of timed iterations: chosen by the host per job, never reused
-    fresh_seed: int = field(default_factory=lambda: secrets.randbits(52))  # exact in a JSON double
-    check_iters: int = CHECK_ITERS
-    check_fastest: int = CHECK_FASTEST
-    probe_pairs: int = PROBE_PAIRS
-    memory_mb: int | None = MEMORY_MB
-    max_procs: int | None = MAX_PROCS
-    placement: bool = False  # also report which execution provider ran each node (Python agent, onnxruntime)
-
-    def max_bundle_bytes(self) -> int:
-        """The most a correct agent can send back for this job: every output array of every input
-        set, the repeat, the kept timed iterations and the late-write check, plus headers."""
-        per_set = sum(int(np.prod(o["shape"], dtype=np.int64)) * 8 for o in self.output_specs)
-        arrays = per_set * (len(self.input_sets) + 2 + self.check_iters + self.check_fastest)
-        return int(arrays + RESULT_SLACK + 4096 * len(self.output_specs) * (len(self.input_sets) + 8))
-
-
-@dataclass(frozen=True)
-class TimedCheck:
-    """Outputs of one timed iteration the agent kept (chosen after it returned)."""
-
-    iteration: int
-    outputs: list[np.ndarray | None]
-    input_sha256_after: list[str] | None
-
-
-@dataclass
-class JobResult:
-    status: str  # ok | error | crashed | timeout
-    reason: str = ""
-    samples_ns: list[int] = field(default_factory=list)
-    outputs: list[list[np.ndarray | None]] = field(default_factory=list)
-    repeat_outputs: list[np.ndarray | None] = field(default_factory=list)
-    input_sha256_before: list[str] | None = None
-    load_ms: float | None = None
-    phases_ms: dict[str, float] = field(default_factory=dict)  # the worker's time per stage (informational)
-    runtime_versions: dict[str, Any] = field(default_factory=dict)
-    device_state: dict[str, Any] = field(default_factory=dict)
-    input_sha256_after_sets: list[list[str]] | None = None  # work buffers after each input set's run
-    timed_checks: list[TimedCheck] = field(default_factory=list)
-    first_timed_iter: int | None = None
-    fresh_seed: int | None = None
-    late_change: dict[str, Any] | None = None
-    probe_repeat_ns: list[int] = field(default_factory=list)
-    probe_distinct_ns: list[int] = field(default_factory=list)
-    input_check: str = ""
-    guard_violation: str = ""  # native agent: a guard zone around a buffer was overwritten
-    limit: str = ""  # a bound the agent's supervisor enforced: memory | processes | time | output
-    limits_enforced: dict[str, Any] = field(default_factory=dict)  # how each bound was enforced
-    invalid: str = ""  # the device's answer broke the protocol (validate.py): the verdict code it gets
-    fault: dict[str, str] | None = None  # judge backend: {"code", "detail"} of what the kernel did
-    backend_info: dict[str, Any] = field(default_factory=dict)  # how the backend ran (sandbox, ...)
-    # {"intended": provider, "nodes": {provider: count}} or {"error": why} when asked for; None otherwise
-    placement: dict[str, Any] | None = None
-    wall_ms: float = 0.0  # host-side wall time of the whole job (transfer + process + run)
-    agent_ms: float = 0.0  # time of the remote agent command alone
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 def _signal_name(code: int) -> str:
@@ -224,7 +118,7 @@ class AgentClient:
             if data.get("protocol") != PROTOCOL:
                 raise DeviceError(f"{self.spec.name}: agent speaks protocol {device_text(data.get('protocol'), 40)}, "
                                   f"host {PROTOCOL}")
-            self._info = validate.agent_info(data, self.spec.name, AgentInfo)
+            self._info = validate.agent_info(data, self.spec.name)
             return self._info
 
     def _prepare_workdir(self) -> None:
@@ -593,7 +487,7 @@ class AgentClient:
                 why = "crashed: agent returned no result"
             return JobResult("crashed", f"{why}" + (f" ({tail})" if tail else ""))
         try:
-            return validate.job_result(files, job, agent_ms * 1e6, JobResult, TimedCheck)
+            return validate.job_result(files, job, agent_ms * 1e6)
         except Invalid as exc:
             return JobResult("error", f"invalid result: {exc}", invalid=exc.code)
         except (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError, SyntaxError) as exc:

@@ -23,15 +23,13 @@ import ast
 import json
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from edgetune.agent.messages import AgentInfo, Job, JobResult, TimedCheck
 from edgetune.errors import DeviceError
 from edgetune.text import device_text
-
-if TYPE_CHECKING:  # the dataclasses live in host.py; this module only builds them
-    from edgetune.agent.host import AgentInfo, Job, JobResult
 
 BUNDLE_MAGIC = b"EDGETUNE-BUNDLE 1\n"
 MAX_BUNDLE_FILES = 4096
@@ -248,14 +246,14 @@ def info_dict(raw: bytes, device: str) -> dict[str, Any]:
         raise DeviceError(f"{device}: the agent's info reply is invalid: {exc}") from None
 
 
-def agent_info(data: dict[str, Any], device: str, info_cls: type) -> "AgentInfo":
+def agent_info(data: dict[str, Any], device: str) -> AgentInfo:
     """A validated AgentInfo from an info reply, or DeviceError."""
     try:
         agent = _str(data.get("agent"), "agent", 32)
         if agent not in ("python", "native"):
             raise Invalid(f"unknown agent kind {agent!r}")
         python = data.get("python")
-        return info_cls(agent, _str(data.get("agent_version"), "agent_version", 64),
+        return AgentInfo(agent, _str(data.get("agent_version"), "agent_version", 64),
                         _str(data.get("arch"), "arch", 64),
                         None if python is None else _str(python, "python", 64),
                         clean_map(data.get("runtimes"), "runtimes"),
@@ -265,8 +263,7 @@ def agent_info(data: dict[str, Any], device: str, info_cls: type) -> "AgentInfo"
 
 
 # --------------------------------------------------------------------------------------- result
-def job_result(files: dict[str, bytes], job: "Job", agent_ns: float, result_cls: type,
-               check_cls: type) -> "JobResult":
+def job_result(files: dict[str, bytes], job: Job, agent_ns: float) -> JobResult:
     """A validated JobResult from a parsed bundle; ``Invalid`` names the first violation."""
     data = load_json(files["result.json"], MAX_RESULT_JSON, "result.json")
     if not isinstance(data, dict):
@@ -277,7 +274,7 @@ def job_result(files: dict[str, bytes], job: "Job", agent_ns: float, result_cls:
     limit = data.get("limit")
     if limit is not None and limit not in LIMITS:
         raise Invalid(f"limit {device_text(limit, 40)!r} unknown")
-    res = result_cls(status=status, reason=_str(data.get("reason", ""), "reason"))
+    res = JobResult(status=status, reason=_str(data.get("reason", ""), "reason"))
     res.limit = limit or ""
     res.fresh_seed = job.fresh_seed
     res.runtime_versions = clean_map(data.get("runtime_versions"), "runtime_versions")
@@ -360,7 +357,7 @@ def job_result(files: dict[str, bytes], job: "Job", agent_ns: float, result_cls:
         outs = [npy(n, f"timed check {it} output {k}")
                 for k, n in enumerate(_list(c.get("outputs"), "a timed check's outputs", n_out, n_out))]
         after = c.get("input_sha256_after")
-        res.timed_checks.append(check_cls(it, outs, None if after is None else _hexes(after, "a timed check's input hashes", n_in)))
+        res.timed_checks.append(TimedCheck(it, outs, None if after is None else _hexes(after, "a timed check's input hashes", n_in)))
     late = data.get("late_change")
     if late is not None:
         if not isinstance(late, dict):

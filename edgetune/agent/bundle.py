@@ -32,6 +32,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from edgetune.shipped import agents_dir, cache_root
@@ -188,12 +189,14 @@ def bundle(package: Path | None = None) -> bytes:
     BundleError when they cannot be bundled faithfully."""
     src = _sources(package or agent_package())
     key = hashlib.sha256(b"".join(rel.encode() + b"\0" + raw + b"\0" for rel, raw in src.items())).hexdigest()
-    if key not in _BUILT:  # (parsing and checking take ~0.1 s; every job's provisioning asks)
-        _BUILT[key] = _bundle(src)
-    return _BUILT[key]
+    with _BUILDING:  # one parse at a time: devices provision in threads (and 3.11's ast is not thread-safe)
+        if key not in _BUILT:  # (parsing and checking take ~0.1 s; every job's provisioning asks)
+            _BUILT[key] = _bundle(src)
+        return _BUILT[key]
 
 
 _BUILT: dict[str, bytes] = {}  # sha256 of the sources -> their bundle
+_BUILDING = threading.Lock()
 
 
 def _bundle(src: dict[str, bytes]) -> bytes:

@@ -19,7 +19,6 @@ values or into a *named failure* of that candidate (``invalid result: ...``) or 
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import re
@@ -105,6 +104,43 @@ def parse_bundle(out: bytes) -> dict[str, bytes] | None:
 
 
 # ------------------------------------------------------------------------------------------ npy
+# The header is a dict literal of three keys; it is read by this grammar rather than ast.literal_eval:
+# CPython 3.11's ast keeps its recursion depth per interpreter, not per thread, and a tune over several
+# devices validates in threads while another parses (the agent bundle, a converter): the parse then
+# fails with "SystemError: AST constructor recursion depth mismatch". A grammar also parses no more.
+_NPY_ITEM = re.compile(r"""\s*'(descr|fortran_order|shape)'\s*:\s*(?:'([^'\\]{1,64})'|(True|False)|\(([0-9,\s]{0,400})\))\s*""")
+
+
+def _npy_header(text: str) -> dict[str, Any] | None:
+    """The header's {descr, fortran_order, shape}, or None where it is not exactly that literal."""
+    body = text.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        return None
+    body, header, pos = body[1:-1], {}, 0
+    while pos < len(body) and body[pos:].strip():
+        m = _NPY_ITEM.match(body, pos)
+        if m is None or m.group(1) in header:
+            return None
+        key, descr, flag, dims = m.groups()
+        if key == "descr" and descr is not None:
+            header[key] = descr
+        elif key == "fortran_order" and flag is not None:
+            header[key] = flag == "True"
+        elif key == "shape" and dims is not None:
+            parts = [d.strip() for d in dims.split(",")]
+            if parts and parts[-1] == "":
+                parts.pop()
+            if not all(d.isdigit() for d in parts) or (len(parts) == 1 and "," not in dims):
+                return None  # "(3)" is an int, not a 1-tuple
+            header[key] = tuple(int(d) for d in parts)
+        else:
+            return None
+        pos = m.end()
+        if pos < len(body):
+            if body[pos] != ",":
+                return None
+            pos += 1
+    return header
 def read_npy(blob: bytes, what: str) -> np.ndarray:
     """A ``.npy`` file's array, or ``Invalid``: nothing but the npy format is parsed, and the
     header's shape must match the bytes that are actually there before anything is allocated."""
@@ -123,9 +159,11 @@ def read_npy(blob: bytes, what: str) -> np.ndarray:
     if hlen > 65536 or start + hlen > len(blob):
         raise Invalid(f"{what}: .npy header of {hlen} bytes does not fit the file")
     try:
-        header = ast.literal_eval(blob[start:start + hlen].decode("latin1" if major < 3 else "utf-8"))
-    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
-        raise Invalid(f"{what}: .npy header unreadable") from None
+        header = _npy_header(blob[start:start + hlen].decode("latin1" if major < 3 else "utf-8"))
+    except UnicodeDecodeError:
+        header = None
+    if header is None:
+        raise Invalid(f"{what}: .npy header unreadable")
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         raise Invalid(f"{what}: .npy header has the wrong keys")
     descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]

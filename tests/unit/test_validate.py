@@ -158,6 +158,34 @@ def test_npy_parser_refuses_everything_but_a_plain_array():
             validate.read_npy(blob, name)
 
 
+def test_npy_header_is_read_without_ast_so_threads_cannot_break_it(monkeypatch):
+    """CPython 3.11's ast counts its recursion depth per interpreter: a tune validating in one device's
+    thread while another thread parses failed "AST constructor recursion depth mismatch" (a loaded CI
+    run). The header grammar does not touch ast, and reads every header numpy writes."""
+    import ast
+
+    def no_ast(*a, **k):
+        raise AssertionError("read_npy used ast")
+
+    monkeypatch.setattr(ast, "literal_eval", no_ast)
+    monkeypatch.setattr(ast, "parse", no_ast)
+    for a in (np.float32(3.5), np.zeros(7, np.int8), np.ones((2, 3, 4), np.float64), np.zeros((0,), np.uint16),
+              np.arange(6, dtype=np.int32).reshape(1, 6)):
+        a = np.asarray(a)
+        assert np.array_equal(validate.read_npy(npy_bytes(a), "x"), a) and validate.read_npy(npy_bytes(a), "x").shape == a.shape
+    hand = b"{'shape':(2,),'fortran_order':False,'descr':'<i4'}"  # any key order and spacing
+    blob = b"\x93NUMPY\x01\x00" + len(hand).to_bytes(2, "little") + hand + np.arange(2, dtype="<i4").tobytes()
+    assert validate.read_npy(blob, "x").tolist() == [0, 1]
+    for header in (b"{'descr': '<f4', 'fortran_order': False, 'shape': (1), }",  # an int, not a 1-tuple
+                   b"{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,), }",
+                   b"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}",
+                   b"{'descr': '<f4' 'fortran_order': False, 'shape': (1,)}",
+                   b"['descr', '<f4']"):
+        blob = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0\0\0\0"
+        with pytest.raises(validate.Invalid):
+            validate.read_npy(blob, "x")
+
+
 def test_bundle_parser_rejects_names_and_counts():
     good = emit([("result.json", b"{}"), ("a.npy", b"x")])
     assert set(validate.parse_bundle(good)) == {"result.json", "a.npy"}

@@ -22,8 +22,21 @@ def windows_nchw(x: np.ndarray, r: int, s: int, stride: int) -> np.ndarray:
     return win[:, :, ::stride, ::stride]
 
 
+class SquareConvOut:
+    """Output height P and width Q of a square-stride, symmetric-pad convolution (fields H, W, R,
+    S, stride, pad): the NCHW and NHWC convolutions' and the depthwise one's."""
+
+    @property
+    def P(self) -> int:
+        return conv_out(self.H, self.R, self.stride, self.pad)
+
+    @property
+    def Q(self) -> int:
+        return conv_out(self.W, self.S, self.stride, self.pad)
+
+
 @dataclass(frozen=True)
-class Conv2dBase(OpWorkload):
+class Conv2dBase(SquareConvOut, OpWorkload):
     """Shape fields, output size and flops shared by the NCHW and NHWC convolutions."""
 
     N: int
@@ -36,16 +49,20 @@ class Conv2dBase(OpWorkload):
     stride: int = 1
     pad: int = 0
 
-    @property
-    def P(self) -> int:
-        return conv_out(self.H, self.R, self.stride, self.pad)
-
-    @property
-    def Q(self) -> int:
-        return conv_out(self.W, self.S, self.stride, self.pad)
-
     def flops(self) -> int:
         return 2 * self.N * self.K * self.P * self.Q * self.C * self.R * self.S
+
+    def te_operands(self, pad_before: tuple[int, ...]):
+        """The TE form's placeholders X and Wt, X zero-padded by ``pad_before`` (and as much after)
+        where the convolution pads, and the reduce axes c, r, s; the layout writes the compute."""
+        from tvm import te, topi
+
+        x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
+        w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
+        xp = topi.nn.pad(x, pad_before, name="Xpad") if self.pad else x
+        axes = (te.reduce_axis((0, self.C), name="c"), te.reduce_axis((0, self.R), name="r"),
+                te.reduce_axis((0, self.S), name="s"))
+        return x, w, xp, axes
 
 
 def onnx_conv_attrs(w) -> dict:

@@ -30,14 +30,9 @@ class Conv2dNHWC(Conv2dBase):
         return (TensorSpec("Y", (self.N, self.P, self.Q, self.K), self.dtype),)
 
     def prim_func(self):
-        from tvm import te, topi
+        from tvm import te
 
-        x = te.placeholder(self.inputs[0].shape, self.dtype, name="X")
-        w = te.placeholder(self.inputs[1].shape, self.dtype, name="Wt")
-        xp = topi.nn.pad(x, (0, self.pad, self.pad, 0), name="Xpad") if self.pad else x
-        c = te.reduce_axis((0, self.C), name="c")
-        r = te.reduce_axis((0, self.R), name="r")
-        s = te.reduce_axis((0, self.S), name="s")
+        x, w, xp, (c, r, s) = self.te_operands((0, self.pad, self.pad, 0))
         st = self.stride
         y = te.compute(
             self.outputs[0].shape,

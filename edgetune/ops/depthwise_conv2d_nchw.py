@@ -9,31 +9,21 @@ from typing import ClassVar
 
 import numpy as np
 
-from edgetune.ops.base import FormView, Op, OpWorkload, TensorSpec, conv_out
-from edgetune.ops.conv import NHWC, onnx_conv_attrs, tflite_conv
+from edgetune.ops.base import FormView, Op, OpWorkload, TensorSpec
+from edgetune.ops.conv import NHWC, SquareConvOut, onnx_conv_attrs, tflite_conv
 
 
 @dataclass(frozen=True)
-class DepthwiseConv2dNCHW(OpWorkload):
-    """Y[N,C,P,Q] = depthwise conv(X[N,C,H,W], W[C,1,R,S]) (channel multiplier 1)."""
+class DepthwiseShapes(OpWorkload):
+    """The fields N, C, H, W, R, S, X[N,C,H,W] and Wt[C,1,R,S] to Y[N,C,P,Q], and the flops: what
+    depthwise_conv2d_nchw and dwconv2d_fused share (each has its own stride, pad, P and Q)."""
 
-    op: ClassVar[str] = "depthwise_conv2d_nchw"
     N: int
     C: int
     H: int
     W: int
     R: int
     S: int
-    stride: int = 1
-    pad: int = 0
-
-    @property
-    def P(self) -> int:
-        return conv_out(self.H, self.R, self.stride, self.pad)
-
-    @property
-    def Q(self) -> int:
-        return conv_out(self.W, self.S, self.stride, self.pad)
 
     @property
     def inputs(self):
@@ -48,6 +38,15 @@ class DepthwiseConv2dNCHW(OpWorkload):
 
     def flops(self) -> int:
         return 2 * self.N * self.C * self.P * self.Q * self.R * self.S
+
+
+@dataclass(frozen=True)
+class DepthwiseConv2dNCHW(DepthwiseShapes, SquareConvOut):
+    """Y[N,C,P,Q] = depthwise conv(X[N,C,H,W], W[C,1,R,S]) (channel multiplier 1)."""
+
+    op: ClassVar[str] = "depthwise_conv2d_nchw"
+    stride: int = 1
+    pad: int = 0
 
     def prim_func(self):
         from tvm import te

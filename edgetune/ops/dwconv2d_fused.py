@@ -11,8 +11,8 @@ from typing import ClassVar
 import numpy as np
 
 from edgetune.errors import UserInputError
-from edgetune.ops.base import Op, OpWorkload, TensorSpec
-from edgetune.ops.depthwise_conv2d_nchw import depthwise64, depthwise_te
+from edgetune.ops.base import Op, TensorSpec
+from edgetune.ops.depthwise_conv2d_nchw import DepthwiseShapes, depthwise64, depthwise_te
 
 
 # Activations a fused depthwise kernel can apply (ONNX semantics); the int is the spec's ``act``.
@@ -30,7 +30,7 @@ def _activation64(y: np.ndarray, act: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class DepthwiseConvFused(OpWorkload):
+class DepthwiseConvFused(DepthwiseShapes):
     """An ONNX depthwise Conv node as it stands in a model, with what follows it fused:
     Y = act(depthwise conv(X[N,C,H,W], Wt[C,1,R,S]) + B[C]), strides SH/SW, pads PT/PL/PB/PR
     (ONNX's begin/end pads, which may differ: TF-style SAME), ``bias`` 0/1 (B is an input only
@@ -39,12 +39,6 @@ class DepthwiseConvFused(OpWorkload):
 
     op: ClassVar[str] = "dwconv2d_fused"
     zero_ok: ClassVar[frozenset[str]] = frozenset({"PT", "PL", "PB", "PR", "bias", "act"})
-    N: int
-    C: int
-    H: int
-    W: int
-    R: int
-    S: int
     SH: int = 1
     SW: int = 1
     PT: int = 0
@@ -71,18 +65,7 @@ class DepthwiseConvFused(OpWorkload):
 
     @property
     def inputs(self):
-        specs = [TensorSpec("X", (self.N, self.C, self.H, self.W), self.dtype),
-                 TensorSpec("Wt", (self.C, 1, self.R, self.S), self.dtype)]
-        if self.bias:
-            specs.append(TensorSpec("B", (self.C,), self.dtype))
-        return tuple(specs)
-
-    @property
-    def outputs(self):
-        return (TensorSpec("Y", (self.N, self.C, self.P, self.Q), self.dtype),)
-
-    def flops(self) -> int:
-        return 2 * self.N * self.C * self.P * self.Q * self.R * self.S
+        return super().inputs + ((TensorSpec("B", (self.C,), self.dtype),) if self.bias else ())
 
     def prim_func(self):
         from tvm import te, tirx

@@ -141,6 +141,8 @@ def _npy_header(text: str) -> dict[str, Any] | None:
                 return None
             pos += 1
     return header
+
+
 def read_npy(blob: bytes, what: str) -> np.ndarray:
     """A ``.npy`` file's array, or ``Invalid``: nothing but the npy format is parsed, and the
     header's shape must match the bytes that are actually there before anything is allocated."""
@@ -164,7 +166,7 @@ def read_npy(blob: bytes, what: str) -> np.ndarray:
         header = None
     if header is None:
         raise Invalid(f"{what}: .npy header unreadable")
-    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+    if set(header) != {"descr", "fortran_order", "shape"}:
         raise Invalid(f"{what}: .npy header has the wrong keys")
     descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]
     if not isinstance(descr, str) or fortran is not False:

@@ -19,7 +19,7 @@ demo: setup
 
 ## make test: the whole suite, farm included (sshd, qemu board, adb server + phone emulator on 127.0.0.1)
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=40 tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

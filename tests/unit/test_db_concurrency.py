@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -550,11 +551,28 @@ def test_verify_waits_for_a_device_another_process_drives(tmp_path, monkeypatch)
         assert ready.wait(60)
         v = subprocess.Popen(EDGETUNE + ["verify", str(model), "--config", key[:12], "--format", "json"], env=_env(home),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(4)
-        assert v.poll() is None  # waiting, not measuring beside the other process
+        # the lease is given back only once verify said it waits (however long its start takes on a
+        # busy machine): a fixed sleep let a slow start find the device free and say nothing
+        err_lines: list[str] = []
+        waiting = threading.Event()
+
+        def read_err() -> None:
+            for line in v.stderr:
+                err_lines.append(line)
+                if "local: waiting for device local@" in line:
+                    waiting.set()
+            waiting.set()  # verify ended without waiting: the asserts below say how
+
+        reader = threading.Thread(target=read_err, daemon=True)
+        reader.start()
+        assert waiting.wait(300)
+        assert v.poll() is None, "".join(err_lines)  # waiting, not measuring beside the other process
         done.set()
         other.join(60)
-        out, err = v.communicate(timeout=120)
+        out = v.stdout.read()
+        v.wait(120)
+        reader.join(60)
+        err = "".join(err_lines)
         assert v.returncode == 0, err
         assert "local: waiting for device local@" in err and ", driven by pid" in err
         assert json.loads(out)["ok"] is True

@@ -5,6 +5,8 @@ import hashlib
 import os
 
 PROTOCOL = 3
+# a job whose params name one of these runs code the candidate brought, beside the runtime's own
+CODE_PARAMS = ("adapter", "custom_ops_library")
 AGENT = "python"
 AGENT_VERSION = "2.6.0"
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

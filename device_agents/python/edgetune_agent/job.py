@@ -9,7 +9,7 @@ import os
 import time
 
 from .backends import BACKENDS
-from .common import AGENT, AGENT_VERSION, PAGE, PROTOCOL, _read_bytes, sha256_array, sha256_file
+from .common import AGENT, AGENT_VERSION, CODE_PARAMS, PAGE, PROTOCOL, _read_bytes, sha256_array, sha256_file
 from .fresh import M64, fill_fresh, fill_set
 from .info import backend_versions, device_state
 
@@ -79,7 +79,6 @@ _WALL_NS = functools.partial(time.clock_gettime_ns, time.CLOCK_MONOTONIC)
 LATE_WAIT_FLOOR_S = 0.05
 LATE_WAIT_FLOOR_CPU_RUNTIME_S = 0.002
 CODE_BACKENDS = ("tvm",)
-CODE_PARAMS = ("adapter", "custom_ops_library")
 
 
 def late_wait_floor(req):

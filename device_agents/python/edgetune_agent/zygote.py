@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from .common import PR_SET_CHILD_SUBREAPER, _agent_file, _prctl, _read_bytes, sha256_file
+from .common import CODE_PARAMS, PR_SET_CHILD_SUBREAPER, _agent_file, _prctl, _read_bytes, sha256_file
 from .run_stdio import cmd_run_stdio
 
 
@@ -60,7 +60,7 @@ def zygote_eligible(req):
         return False
     if req.get("backend") == "torch" and params.get("device", "cpu") != "cpu":
         return False  # CUDA and fork: a GPU job of PyTorch starts fresh, whatever its imports touched
-    return "custom_ops_library" not in params and "adapter" not in params
+    return not any(k in params for k in CODE_PARAMS)
 
 
 def _loads(data):

@@ -68,6 +68,20 @@ def search_strategy(trials: int):
                               genetic_num_iters=2 if trials < 64 else 3)
 
 
+def cost_model(trials: int, num_tuning_cores: int):
+    """MetaSchedule's cost model for one call that measures ``trials`` candidates.
+
+    Its XGBoost model predicts uniform random scores until it holds ``num_warmup_samples`` measured
+    candidates (100), yet it retrains after every batch (about 200 boosting rounds, seconds on a
+    small board). A call that measures no more than that never uses one trained prediction, so it
+    gets the random model: the same search, without the training.
+    """
+    from tvm.s_tir.meta_schedule.cost_model import RandomModel, XGBModel
+
+    xgb = XGBModel(num_tuning_cores=num_tuning_cores)
+    return RandomModel() if trials <= xgb.num_warmup_samples else xgb
+
+
 @dataclass(frozen=True)
 class TuneOutcome:
     """Result of tuning one workload on one device.
@@ -189,7 +203,6 @@ def tune_workload(
     The best valid record is rebuilt, exported to ``export_path`` (default: under the database
     dir), and measured again on a second seeded input set; only if that verifies is it reported.
     """
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     if trials < 0:
@@ -221,6 +234,7 @@ def tune_workload(
                 builder=builder, runner=runner, database=db, seed=seed if search_seed is None else search_seed,
                 strategy=strategy if strategy is not None else search_strategy(remaining),
                 space=design_space(tgt, workload),
+                cost_model=cost_model(remaining, builder_workers or num_cores(tgt)),
                 num_tuning_cores=builder_workers or num_cores(tgt),
             )
         tuning_seconds = time.perf_counter() - t0

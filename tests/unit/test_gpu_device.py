@@ -643,3 +643,24 @@ def test_devices_check_tries_every_gpu_path_and_says_what_stops_each(tmp_path):
         assert got[0]["feature"] == "gpu-check" and not got[0]["ok"] and "could not be read" in got[0]["detail"]
     got = gpu_features(None, types.SimpleNamespace(agent="native"))
     assert got[0]["feature"] == "Python agent" and not got[0]["ok"]
+
+
+def test_a_tvm_job_imports_tvm_without_pytorch():
+    """The agent's TVM backends import TVM without the PyTorch tvm-ffi would import where it is
+    installed (seconds of every TVM job); the runtime still works and torch stays importable."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("tvm")
+    agent_root = Path(__file__).resolve().parents[2] / "device_agents" / "python"
+    code = ("import sys\nfrom edgetune_agent.backends.tvm import import_tvm\ntvm = import_tvm()\n"
+            "import numpy as np\n"
+            "x = tvm.runtime.tensor(np.ones(3, 'float32')) if hasattr(tvm.runtime, 'tensor') else None\n"
+            "print('torch' in sys.modules, tvm.runtime.device('cpu', 0).exist)\n"
+            "import importlib.util\nprint(importlib.util.find_spec('torch') is not None)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(agent_root)})
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.split("\n")[:2]
+    assert first == "False True", p.stdout
+    assert second == str(importlib.util.find_spec("torch") is not None), p.stdout

@@ -34,6 +34,7 @@ from edgetune.build.tvm_kernel import resolve_cross_cc
 from edgetune.build.tvm_relax import build_relax_model
 from edgetune.errors import EdgetuneError, UserInputError
 from edgetune.modelfile import load_model
+from edgetune.private import write_atomic_file
 from edgetune.workload import compute_reference
 
 
@@ -57,9 +58,7 @@ def _model_file(model_bytes: bytes, sha256: str, suffix: str) -> Path:
     d.mkdir(mode=0o700, exist_ok=True)
     path = d / f"{sha256}{suffix}"
     if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(model_bytes)
-        os.replace(tmp, path)
+        write_atomic_file(path, model_bytes)
     return path
 
 
@@ -184,10 +183,7 @@ class HostWork:
         if got["identity"] != identity:
             raise EdgetuneError(f"the Ray node {got['node']} builds with {got['identity']}, not this host's "
                                 f"{identity}: its artifact is not the one this candidate names")
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(got["so"])
-        os.replace(tmp, out)
-        return out
+        return write_atomic_file(out, got["so"], 0o644)
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from edgetune.errors import UserInputError
@@ -71,14 +72,16 @@ def create_private_file(path: str | os.PathLike) -> None:
     os.close(fd)
 
 
-def write_private(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``path`` atomically (temp file + rename) with mode 0600."""
+def write_atomic_file(path: str | os.PathLike, data: bytes | str, mode: int = FILE_MODE) -> Path:
+    """Write ``path`` whole or not at all: a new temporary file beside it (created exclusively, a
+    name of its own per call, so threads and processes never share one), given ``mode``, then
+    renamed over ``path``. An OSError propagates, and leaves no temporary file behind."""
     p = Path(path)
     raw = data.encode() if isinstance(data, str) else data
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
             f.write(raw)
         os.replace(tmp, p)
     except BaseException:
@@ -87,3 +90,9 @@ def write_private(path: str | os.PathLike, data: bytes | str) -> None:
         except OSError:
             pass
         raise
+    return p
+
+
+def write_private(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``path`` atomically (temp file + rename) with mode 0600."""
+    write_atomic_file(path, data, FILE_MODE)

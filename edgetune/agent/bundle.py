@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
+from edgetune.private import write_atomic_file
 from edgetune.shipped import agents_dir, cache_root
 
 PACKAGE = "edgetune_agent"  # the package directory of the agent's modules, under device_agents/python/
@@ -259,19 +258,8 @@ def python_agent(package: Path | None = None, cache_dir: Path | None = None) -> 
     except OSError:
         pass
     where.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{BUNDLE_NAME}.", suffix=".tmp", dir=where)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # what a source file has (a transport that keeps modes keeps this one)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    # the mode a source file has (a transport that keeps modes keeps this one)
+    return write_atomic_file(path, data, 0o644)
 
 
 if __name__ == "__main__":  # scripts that run the agent from a checkout: python -m edgetune.agent.bundle

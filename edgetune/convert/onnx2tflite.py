@@ -54,6 +54,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from edgetune.private import write_atomic_file
 from edgetune.space import BuildFailed
 from edgetune.verify import compare, tolerance_for
 from edgetune.workload import Workload, build_workload
@@ -422,19 +423,13 @@ def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) ->
         if exc.timeout_s is not None:  # (a mark that held was raised above: this limit is longer)
             load = _load()
             why = str(exc) if load is None else f"{exc} (load {load:.2f} per core then)"
-            _write_atomic(mark, json.dumps({"timeout_s": exc.timeout_s, "reason": why, "load_per_core": load}))
+            write_atomic_file(mark, json.dumps({"timeout_s": exc.timeout_s, "reason": why, "load_per_core": load}))
         raise
     except BuildFailed as exc:
-        _write_atomic(failed, str(exc))
+        write_atomic_file(failed, str(exc))
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def calibration_seed(wl: Workload) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from edgetune.errors import UserInputError
+from edgetune.private import write_atomic_file
 from edgetune.results import REPORT_SCHEMA, CandidateSummary, RunSummary
 from edgetune.text import md_code, md_text
 
@@ -282,18 +283,8 @@ def markdown(rep: dict[str, Any]) -> str:
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
     """Write ``path`` whole or not at all (a temp file renamed over it); one line when it cannot."""
     p = Path(path)
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(text, bytes):
-            tmp.write_bytes(text)
-        else:
-            tmp.write_text(text)
-        os.replace(tmp, p)
+        return write_atomic_file(p, text, 0o644)
     except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
         raise UserInputError(f"cannot write {p}: {exc.strerror or exc}") from exc
-    return p

@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import math
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from edgetune.build.native import build_ortop
 from edgetune.candidate import REWRITE_KEYS, Candidate
 from edgetune.errors import EdgetuneError, ToolchainError
 from edgetune.hashing import sha256_file
+from edgetune.private import write_atomic_file
 from edgetune.kernels.session import KernelSessionConfig, tune_kernels
 from edgetune.ops.dwconv2d_fused import DepthwiseConvFused
 from edgetune.space import BuildFailed, Prepared
@@ -295,9 +295,7 @@ class OrtTvmSpace:
                                    "baseline": base.get("backend"), "baseline_ns": base.get("median_ns"),
                                    "run_id": outcome.run_id}
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(record.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(out, indent=1, sort_keys=True))
-        os.replace(tmp, record)
+        write_atomic_file(record, json.dumps(out, indent=1, sort_keys=True))
         self._sessions[key] = out
         return out
 

@@ -190,3 +190,31 @@ def test_a_database_file_mode_is_its_wal_files_mode(tmp_path):
         store.close()
     finally:
         os.umask(old)
+
+
+def test_an_atomic_write_is_whole_or_absent_and_leaves_no_temporary(tmp_path):
+    import threading
+
+    from edgetune.private import write_atomic_file
+
+    p = tmp_path / "r.json"
+    write_atomic_file(p, "old")
+    assert p.read_text() == "old" and mode(p) == 0o600
+    write_atomic_file(p, b"x" * 10, 0o644)
+    assert p.read_bytes() == b"x" * 10 and mode(p) == 0o644
+    # the rename fails (a directory is in the way): nothing half-written, no temporary left
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OSError):
+        write_atomic_file(tmp_path / "d", "new")
+    with pytest.raises(OSError):  # a missing directory: refused, nothing created
+        write_atomic_file(tmp_path / "missing" / "r.json", "new")
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["d", "r.json"]
+    # threads of one process (one pid) writing one path each get a temporary of their own
+    blobs = [bytes([65 + i]) * 200_000 for i in range(8)]
+    ts = [threading.Thread(target=write_atomic_file, args=(p, b)) for b in blobs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert p.read_bytes() in blobs
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["d", "r.json"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from edgetune import __version__
+from edgetune import __version__, tvm_without_torch
 from edgetune.cli import bench, db, devices, export, judge, kernels, pack, report, tune, verify, zoo
 from edgetune.cli.examples import epilog
 
@@ -37,6 +37,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def main() -> None:
+    tvm_without_torch.install()
     app()
 
 

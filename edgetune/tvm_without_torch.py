@@ -1,0 +1,64 @@
+"""``import tvm`` without importing PyTorch, in edgetune's own processes.
+
+tvm-ffi (TVM's FFI layer) imports torch at its own import where torch is installed: a workaround
+for a symbol clash on Windows, and torch tensors in its converters. edgetune's host never hands
+TVM a torch tensor, and that import is about 2.7 of the 4.3 CPU seconds an ``import tvm`` costs on
+the reference host, paid by every edgetune command that builds, tunes or judges with TVM.
+
+``install()`` (called by the CLI's ``main``) adds an import hook that runs tvm-ffi's own import with
+torch hidden (``sys.modules["torch"] = None``: ``import torch`` raises ImportError, which tvm-ffi
+takes as "not installed"), then unhides it: a later ``import torch`` in the same process works as
+usual. A process that has imported torch before TVM keeps tvm-ffi's torch support; so does a
+program that uses edgetune as a library without calling ``install()``. The Python agent does the
+same for its TVM jobs (device_agents/python/edgetune_agent/backends/tvm.py).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+
+_HIDDEN = "tvm"
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):  # resource readers, get_code, is_package: the real loader's
+        return getattr(self.inner, name)
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        hide = "torch" not in sys.modules
+        if hide:
+            sys.modules["torch"] = None
+        try:
+            self.inner.exec_module(module)
+        finally:
+            if hide and "torch" in sys.modules and sys.modules["torch"] is None:
+                del sys.modules["torch"]
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != _HIDDEN or "torch" in sys.modules:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Hide torch from tvm-ffi's import in this process (once; a no-op when tvm-ffi is loaded)."""
+    if _HIDDEN in sys.modules or any(isinstance(f, _Finder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _Finder())

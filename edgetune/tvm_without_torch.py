@@ -1,16 +1,19 @@
 """``import tvm`` without importing PyTorch, in edgetune's own processes.
 
-tvm-ffi (TVM's FFI layer) imports torch at its own import where torch is installed: a workaround
-for a symbol clash on Windows, and torch tensors in its converters. edgetune's host never hands
-TVM a torch tensor, and that import is about 2.7 of the 4.3 CPU seconds an ``import tvm`` costs on
-the reference host, paid by every edgetune command that builds, tunes or judges with TVM.
+tvm-ffi (TVM's FFI layer) and tvm.relax import torch at their own import where torch is
+installed (a workaround for a symbol clash on Windows, and torch tensors in their converters), both
+inside ``import tvm``. edgetune's host never hands TVM a torch tensor, and that import is about 2.7
+of the 4.3 CPU seconds an ``import tvm`` costs on the reference host, paid by every edgetune
+command that builds, tunes or judges with TVM.
 
-``install()`` (called by the CLI's ``main``) adds an import hook that runs tvm-ffi's own import with
-torch hidden (``sys.modules["torch"] = None``: ``import torch`` raises ImportError, which tvm-ffi
-takes as "not installed"), then unhides it: a later ``import torch`` in the same process works as
-usual. A process that has imported torch before TVM keeps tvm-ffi's torch support; so does a
-program that uses edgetune as a library without calling ``install()``. The Python agent does the
-same for its TVM jobs (device_agents/python/edgetune_agent/backends/tvm.py).
+``install()`` (called by the CLI's ``main``) adds an import hook that runs the import of the
+``tvm`` package, and everything it imports, with torch hidden (``sys.modules["torch"] = None``:
+``import torch`` raises ImportError, which TVM takes as "not installed"), then unhides it: a later
+``import torch`` in the same process works as usual. A process that has imported torch before TVM
+keeps TVM's torch support; so does a program that uses edgetune as a library without calling
+``install()``. The Python agent does the same for its TVM jobs
+(device_agents/python/edgetune_agent/backends/tvm.py; the agent is a file of its own on the
+device, so it keeps its own copy).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Hide torch from tvm-ffi's import in this process (once; a no-op when tvm-ffi is loaded)."""
+    """Hide torch from this process's ``import tvm`` (once; a no-op when tvm is already loaded)."""
     if _HIDDEN in sys.modules or any(isinstance(f, _Finder) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _Finder())

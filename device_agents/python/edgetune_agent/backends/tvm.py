@@ -6,8 +6,8 @@ import sys
 
 
 def import_tvm():
-    """``import tvm`` without PyTorch: tvm-ffi imports torch where it is installed (for torch tensors,
-    which no TVM job hands it), about 2 s of a 3.5 s import on the reference host, paid by every TVM
+    """``import tvm`` without PyTorch: tvm-ffi and tvm.relax import torch where it is installed (for
+    torch tensors, which no TVM job hands them), about 2 s of a 3.5 s import on the reference host, paid by every TVM
     job (each runs in a fresh process). A process that has torch already keeps it."""
     if "torch" in sys.modules:
         import tvm

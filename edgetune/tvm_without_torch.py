@@ -65,3 +65,66 @@ def install() -> None:
     if _HIDDEN in sys.modules or any(isinstance(f, _Finder) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _Finder())
+
+
+# ---- TVM's popen workers (MetaSchedule's LocalBuilder) -------------------------------------------
+#
+# LocalBuilder starts a fresh pool of ``python -m tvm.exec.popen_worker`` processes for every batch
+# of trials; each imports tvm, and with it torch: about 2 of its 3.4 CPU seconds here. A builder
+# worker compiles TIR and exports a shared object, never touching torch. A pool whose initializer
+# is ``builder_worker_init`` (edgetune's builders pass it) starts its workers with the hook above
+# installed first; every other pool (a library user's own) starts them as TVM does.
+
+_BOOT = (
+    "import sys\n"
+    "sys.path.append({root!r})\n"
+    "try:\n"
+    "    import edgetune.tvm_without_torch as _h\n"
+    "    _h.install()\n"
+    "except ImportError:\n"
+    "    pass\n"
+    "import runpy\n"
+    "runpy.run_module('tvm.exec.popen_worker', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def builder_worker_init() -> None:
+    """The initializer edgetune's builders give their TVM popen pools (a no-op in the worker; its
+    presence starts the worker without torch)."""
+
+
+def patch_popen_workers() -> bool:
+    """Start the workers of pools initialized with ``builder_worker_init`` through ``_BOOT`` (once).
+    False, changing nothing, where TVM's PopenWorker is not the one this was written against."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from tvm.support import popen_pool
+
+    worker = popen_pool.PopenWorker
+    if getattr(worker, "_edgetune_patched", False):
+        return True
+    stock = getattr(worker, "_start", None)
+    if stock is None or sys.platform == "win32":
+        return False
+    boot = _BOOT.format(root=str(Path(__file__).resolve().parents[1]))
+
+    def _start(self):
+        if getattr(self, "_initializer", None) is not builder_worker_init or self._proc is not None:
+            return stock(self)
+        main_read, worker_write = os.pipe()
+        worker_read, main_write = os.pipe()
+        cmd = [sys.executable, "-c", boot, str(worker_read), str(worker_write)]
+        try:
+            self._proc = subprocess.Popen(cmd, pass_fds=(worker_read, worker_write), stdout=self._stdout,
+                                          stderr=self._stderr)
+        finally:
+            os.close(worker_read)
+            os.close(worker_write)
+        self._reader = os.fdopen(main_read, "rb")
+        self._writer = os.fdopen(main_write, "wb")
+
+    worker._start = _start
+    worker._edgetune_patched = True
+    return True

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from edgetune import tvm_without_torch
 from edgetune.build.tvm_kernel import (
     HOST_ARCH, as_tvm_target, compile_module, export_module, import_tensor_intrinsics, ms_build, ms_export_function,
     resolve_cross_cc, target_arch,
@@ -224,9 +225,12 @@ def tune_workload(
     try:
         runner = EdgetuneRunner(measure, workload, seed=seed, progress_cb=progress_cb)
         if remaining > 0:
+            # its workers start without torch (tvm_without_torch): ~2 CPU s each, a pool per batch
+            hide = tvm_without_torch.patch_popen_workers()
             builder = ms.builder.LocalBuilder(
                 max_workers=builder_workers or num_cores(tgt), timeout_sec=build_timeout_s,
                 f_build=ms_build, f_export=ms_export_function(cc_name),
+                initializer=tvm_without_torch.builder_worker_init if hide else None,
             )
             ms.tune_tir(
                 mod, tgt, str(db_path / "logs"), max_trials_global=remaining,

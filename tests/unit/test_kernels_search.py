@@ -241,3 +241,30 @@ def test_the_cli_imports_tvm_without_pytorch_and_torch_stays_importable():
     p = subprocess.run([sys.executable, "-c", "import sys, edgetune.api, tvm\nprint('torch' in sys.modules)"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "True", p.stdout + p.stderr
+
+
+def _worker_state():
+    import sys
+
+    return "torch" in sys.modules, "tvm" in sys.modules
+
+
+def test_metaschedule_builder_workers_start_without_pytorch_and_other_pools_as_tvm_does():
+    """LocalBuilder starts a pool of popen workers per batch of trials, each importing tvm (and torch,
+    ~2 CPU s); edgetune's builders start theirs with torch hidden from that import. A pool without
+    edgetune's initializer (a library user's own) is left as TVM starts it."""
+    require_module("torch")
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    from edgetune import tvm_without_torch
+
+    assert tvm_without_torch.patch_popen_workers() and tvm_without_torch.patch_popen_workers()  # (once)
+    ours = PopenPoolExecutor(max_workers=1, timeout=120, initializer=tvm_without_torch.builder_worker_init)
+    stock = PopenPoolExecutor(max_workers=1, timeout=120)
+    try:
+        assert ours.submit(_worker_state).result() == (False, True)
+        assert stock.submit(_worker_state).result() == (True, True)
+    finally:
+        ours.shutdown()
+        stock.shutdown()
+

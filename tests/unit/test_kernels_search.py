@@ -267,4 +267,3 @@ def test_metaschedule_builder_workers_start_without_pytorch_and_other_pools_as_t
     finally:
         ours.shutdown()
         stock.shutdown()
-

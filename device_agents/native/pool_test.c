@@ -1,7 +1,9 @@
 /* Stress test of the agent's TVM backend hooks without a kernel: the thread pool behind
  * TVMBackendParallelLaunch, the barrier, nested launches, failing tasks and the workspace.
  * Built and run by tests/unit/test_native_agent.py (natively and under qemu-aarch64):
- *   cc -pthread pool_test.c tvm_backend.c json.c kernels_none.c -ldl -o pool_test && ./pool_test N */
+ *   cc -pthread pool_test.c tvm_backend.c json.c kernels_none.c -ldl -o pool_test && ./pool_test N [LAUNCHES]
+ * LAUNCHES (default 50) lockstep launches of ROUNDS barrier rounds each; the test times one launch
+ * first and sets the limit of the full run from it, so a loaded machine does not fail honest work. */
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,10 +69,12 @@ static int failing(int task_id, TVMParallelGroupEnv* penv, void* cdata) {
 
 int main(int argc, char** argv) {
   int n = argc > 1 ? atoi(argv[1]) : 4;
+  int launches = argc > 2 ? atoi(argv[2]) : 50;
   char err[256];
   CHECK(n >= 1 && n <= MAXT, "thread count");
+  CHECK(launches >= 1, "launch count");
   CHECK(et_pool_start(n, err, sizeof err) == 0, "pool start: %s", err);
-  for (int launch = 0; launch < 50; launch++) {
+  for (int launch = 0; launch < launches; launch++) {
     shared* s = calloc(1, sizeof(shared));
     CHECK(TVMBackendParallelLaunch(lockstep, s, 0) == 0, "launch %d", launch);
     CHECK(s->num_task == n, "num_task %d != %d", s->num_task, n);

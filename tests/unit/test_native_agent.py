@@ -17,6 +17,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -248,7 +249,17 @@ def test_thread_pool_barrier_and_workspace(tmp_path, threads):
     cc = shutil.which(os.environ.get("CC") or "cc")
     require(cc is not None, "no host C compiler")
     exe = _build_pool_test(cc, tmp_path / "pool_test")
-    proc = subprocess.run([str(exe), str(threads)], capture_output=True, text=True, timeout=120)
+    # The limit is only there to catch a deadlock, so it comes from this binary on this machine as it
+    # is: one launch (plus the fixed checks, at least two launches' work) is timed, and the full run
+    # may take ten times its share of that. Spinning barrier threads oversubscribed on a loaded
+    # 2-core machine are slow but honest; a fixed limit failed them.
+    start = time.monotonic()
+    calib = subprocess.run([str(exe), str(threads), "1"], capture_output=True, text=True, timeout=300)
+    one = time.monotonic() - start
+    assert calib.returncode == 0 and calib.stdout.strip() == f"OK {threads} threads", calib.stdout
+    launches = 20
+    limit = max(60.0, 10 * one * (launches + 2) / 2)
+    proc = subprocess.run([str(exe), str(threads), str(launches)], capture_output=True, text=True, timeout=limit)
     assert proc.returncode == 0 and proc.stdout.strip() == f"OK {threads} threads", proc.stdout
 
 

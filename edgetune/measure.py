@@ -197,8 +197,10 @@ def t_sf(t: float, df: int) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t (p in (0.5, 1)), by bisection on ``t_sf``."""
+    """The ``p`` quantile of Student's t (p in (0.5, 1)), by bisection on ``t_sf`` (cached: a
+    sequential confirmation asks for the same few levels and degrees of freedom at every look)."""
     if df < 1:
         raise ValueError("a t interval needs at least 2 rounds")
     lo, hi = 0.0, 1.0
@@ -220,8 +222,8 @@ def round_ratio(pairs: Sequence[tuple[np.ndarray, np.ndarray]], level: float = 0
     value with no interval and no verdict. ``level``: the interval's confidence (a sequential look
     spends only part of the 5%, ``alpha_spent``); ``detectable``: the smallest effect these rounds
     had 80% power to find at that level, from their spread."""
-    logs = np.array([math.log(float(np.median(_as_array(b))) / float(np.median(_as_array(c))))
-                     for b, c in pairs if np.median(_as_array(c)) > 0 and np.median(_as_array(b)) > 0])
+    meds = [(float(np.median(_as_array(b))), float(np.median(_as_array(c)))) for b, c in pairs]
+    logs = np.array([math.log(mb / mc) for mb, mc in meds if mc > 0 and mb > 0])
     n = int(logs.size)
     if n == 0:
         raise ValueError("no rounds with positive medians")

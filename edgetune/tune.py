@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from edgetune.agent.host import MAX_PROCS, MEMORY_MB, AgentClient, AgentInfo, Job, JobResult
+from edgetune.agent.host import MAX_PROCS, MEMORY_MB, AgentClient, AgentInfo, Job, JobResult, load_factor
 from edgetune.candidate import Candidate
 from edgetune.db import WAIT_POLL_S, LeaseLost, Record, Store
 from edgetune.devices.inventory import DeviceSpec, Inventory, device_identity, edgetune_home, home_subdir
@@ -44,7 +44,6 @@ from edgetune.verify import Verdict, verify_job
 from edgetune.workload import Workload, build_workload, load_user_inputs, parse_dims, parse_sweeps, shape_points
 
 ProgressFn = Callable[[dict[str, Any]], None]
-MAX_LOAD_SCALE = 8.0  # a job's time limit grows with the device's load up to this factor
 
 
 def wants_placement(prep: Prepared) -> bool:
@@ -140,15 +139,7 @@ class DeviceTuner:
         return max(base * load, 3.0 * seen)
 
     def load_factor(self) -> float:
-        st = self._device_state
-        try:
-            per_cpu = float(st["load1"]) / max(1, int(st["cpus"]))
-        except (KeyError, TypeError, ValueError):
-            per_cpu = 0.0
-        if self.spec.kind == "local" or "@127." in self.spec.url or "@localhost" in self.spec.url:
-            # this host (or one reached over its loopback): its load now, before the device ever said
-            per_cpu = max(per_cpu, os.getloadavg()[0] / max(1, os.cpu_count() or 1))
-        return float(min(MAX_LOAD_SCALE, max(1.0, per_cpu)))
+        return load_factor(self.spec, self._device_state)
 
     def _job(self, wl: Workload, prep: Prepared, budget_ms: float, cand_key: str | None = None) -> JobResult:
         refs = wl.references()

@@ -161,6 +161,8 @@ static void sv_sweep(supervisor* sv) {
   pid_t* pids = NULL;
   size_t cap = 0;
   int count = sv->worker_done; /* a job that ended by itself: what it left running is counted */
+  int64_t pause = 500000LL;
+  int prev_live = 0;
   for (int first = 1;; first = 0) {
     /* the worker's whole group at once, first (a fork bomb that keeps its group cannot outrun one
      * kill); not reaped yet, the group id is still the job's */
@@ -193,7 +195,13 @@ static void sv_sweep(supervisor* sv) {
       sv->unkillable = live;
       break;
     }
-    struct timespec ts = {0, 1000000};
+    /* killed processes need the CPU to exit: a supervisor (at the highest priority where it may)
+     * that looked every millisecond took it from them (the Python agent's killed worker took 7 s to
+     * go on a loaded machine). While a pass finds no more processes than the last, the looks back
+     * off to SWEEP_POLL_MAX_NS; more (a fork bomb's) bring them back to every millisecond */
+    pause = live > prev_live ? 1000000LL : pause * 2 > SWEEP_POLL_MAX_NS ? SWEEP_POLL_MAX_NS : pause * 2;
+    prev_live = live;
+    struct timespec ts = {(time_t)(pause / 1000000000LL), (long)(pause % 1000000000LL)};
     nanosleep(&ts, NULL);
   }
   free(l.v);

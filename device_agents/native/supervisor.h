@@ -21,6 +21,7 @@
 #define RESCAN_NS 1000000000LL      /* every process in /proc is read again this often (a reused pid) */
 #define PSS_EVERY_NS 200000000LL    /* the costlier PSS confirmation of a tree over its bound, at most this often */
 #define SWEEP_GIVE_UP_NS 10000000000LL /* a process that survives SIGKILL this long is stuck in the kernel */
+#define SWEEP_POLL_MAX_NS 50000000LL /* the sweep looks again after 1, 2, 4 ... ms, then every 50 ms */
 #define LOG_NAME "agent.log"        /* the worker's stdout and stderr; its tail goes to the agent's stderr */
 #define LOG_TAIL 8192
 #ifndef PR_SET_CHILD_SUBREAPER

@@ -36,6 +36,27 @@ from edgetune.private import private_dir
 from edgetune.text import device_text
 from edgetune.modelfile import external_data_files
 
+MAX_LOAD_SCALE = 8.0  # a job's time limit grows with the device's load up to this factor
+# the agent's supervisor stops a job this long before the host stops waiting for its answer (times
+# the device's load factor: stopping, sweeping and answering take longer on a busy device)
+ANSWER_MARGIN_S = 2.0
+
+
+def load_factor(spec: DeviceSpec, device_state: dict[str, Any]) -> float:
+    """How much longer than on an idle device an honest job takes here: the 1-minute load average
+    per CPU the device reported with its last job (``device_state``), between 1 and MAX_LOAD_SCALE.
+    This host, or a device reached over its loopback: its own load now, before the device ever said.
+    What a device says is data: a value that is not a number has no effect."""
+    try:
+        per_cpu = float(device_state["load1"]) / max(1, int(device_state["cpus"]))
+    except (KeyError, TypeError, ValueError):
+        per_cpu = 0.0
+    if not per_cpu == per_cpu:  # NaN
+        per_cpu = 0.0
+    if spec.kind == "local" or "@127." in spec.url or "@localhost" in spec.url:
+        per_cpu = max(per_cpu, os.getloadavg()[0] / max(1, os.cpu_count() or 1))
+    return float(min(MAX_LOAD_SCALE, max(1.0, per_cpu)))
+
 def default_workdir(spec: DeviceSpec) -> str:
     """The device's work dir: its ``workdir`` option, else a private per-user default (never a
     predictable shared /tmp path): EDGETUNE_HOME/work on the host, ~/.cache/edgetune over ssh,
@@ -82,6 +103,7 @@ class AgentClient:
         self._session_lock = threading.Lock()  # one job at a time on it; a concurrent one goes by run-stdio
         self.session_off: str | None = None  # why this device's jobs do not use a session, once known
         self.sessions_opened = 0
+        self.device_state: dict[str, Any] = {}  # what the device said of itself with its last job (its load)
 
     # ------------------------------------------------------------------------ provisioning
     def _run(self, argv: Sequence[str], timeout: float = 60.0) -> Completed:
@@ -369,14 +391,20 @@ class AgentClient:
             **({"placement": True} if job.placement else {}),
             # devices.toml zygote = false: every job in a fresh agent process (Python agent)
             **({"fresh_process": True} if self.spec.options.get("zygote") is False else {}),
-            # the agent's supervisor stops the job before the host gives up on the command
+            # the agent's supervisor stops the job before the host gives up on it (answer_wait_s)
             "limits": {"memory_mb": job.memory_mb, "max_procs": job.max_procs,
-                       "timeout_s": max(1.0, job.timeout_s - 2.0)},
+                       "timeout_s": max(1.0, job.timeout_s - ANSWER_MARGIN_S)},
             "max_bundle_bytes": job.max_bundle_bytes(),
         }
         if model:
             request["model"] = model
         return request
+
+    def answer_wait_s(self, job: Job) -> float:
+        """How long the host waits for a job's answer: its time limit, and on a busy device longer,
+        so that the supervisor's bound (ANSWER_MARGIN_S before the time limit) keeps a margin that
+        grows with the load: "hung (killed)" by the host only when the agent could not answer."""
+        return job.timeout_s + ANSWER_MARGIN_S * (load_factor(self.spec, self.device_state) - 1.0)
 
     def run_job(self, job: Job, wrap: Sequence[str] = ()) -> JobResult:
         """Run one job. ``wrap``: a command the agent runs under (``edgetune.sanitizer``: NVIDIA's
@@ -390,15 +418,18 @@ class AgentClient:
                 request = self.stage_job(job, tmp)
                 max_bundle = request["max_bundle_bytes"]
                 data = json.dumps(request).encode()
+                wait_s = self.answer_wait_s(job)
                 t_agent = time.perf_counter()
-                c = None if wrap else self._in_session(jobdir, data, job.timeout_s, max_bundle + 4096)
+                c = None if wrap else self._in_session(jobdir, data, wait_s, max_bundle + 4096)
                 if c is None:  # not a job a session serves (or none here): a command of its own
                     self._check_agent()  # the agent is ours, byte for byte, right before it runs
                     t_agent = time.perf_counter()
-                    c = self.transport.run([*wrap, *self._agent_argv, "run-stdio", jobdir], timeout=job.timeout_s,
+                    c = self.transport.run([*wrap, *self._agent_argv, "run-stdio", jobdir], timeout=wait_s,
                                            stdin=data, max_output=max_bundle + 4096)
                 agent_ms = (time.perf_counter() - t_agent) * 1e3
-                res = self._collect(c, job, agent_ms)
+                res = self._collect(c, job, agent_ms, wait_s)
+                if res.device_state:
+                    self.device_state = res.device_state
                 if res.status in ("crashed", "timeout") or res.limit:  # the agent could not remove its job dir
                     self._run(["rm", "-rf", jobdir], timeout=30)
                 res.agent_ms = agent_ms
@@ -463,7 +494,7 @@ class AgentClient:
                 out[k] = v
         return out
 
-    def _collect(self, c: Completed, job: Job, agent_ms: float) -> JobResult:
+    def _collect(self, c: Completed, job: Job, agent_ms: float, wait_s: float) -> JobResult:
         """What the device answered, as a JobResult: every byte of it validated (validate.py);
         an answer that breaks the protocol is this candidate's failure ``invalid result: ...``."""
         stderr_tail = c.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
@@ -472,7 +503,7 @@ class AgentClient:
             return JobResult("error", f"result too large: the device sent more than {job.max_bundle_bytes()} "
                                       f"bytes (the most this job's outputs can take)", limit="output")
         if c.timed_out:
-            return JobResult("timeout", f"hung: no result within {job.timeout_s:g} s (killed)", limit="time")
+            return JobResult("timeout", f"hung: no result within {wait_s:.3g} s (killed)", limit="time")
         try:
             files = parse_bundle(c.stdout)
         except Invalid as exc:

@@ -205,7 +205,8 @@ def test_time_limits_scale_with_load_and_with_what_the_job_took(tmp_path):
     """A busy device gets longer limits (an honest job there is slow, not hung), and a candidate
     whose jobs took long gets at least three times that."""
     from edgetune.devices.inventory import DeviceSpec
-    from edgetune.tune import MAX_LOAD_SCALE, DeviceTuner
+    from edgetune.agent.host import MAX_LOAD_SCALE
+    from edgetune.tune import DeviceTuner
 
     store = Store(tmp_path / "t.db")
     try:

@@ -6,6 +6,7 @@ import pytest
 from edgetune.agent.fresh import fresh_inputs
 from edgetune.agent.host import JobResult, TimedCheck
 from edgetune.verify import Tolerance, array_sha256, compare, verify_job
+from edgetune import verify
 
 W = np.random.default_rng(3).standard_normal((6, 5)).astype(np.float32)
 SEED = 987654321
@@ -169,6 +170,38 @@ def test_late_write_and_caching_and_roofline():
     v = _verify(_honest(sets), sets, flops=1e9, peak_gflops=100.0)
     assert v.code == "impossible-timing"
     assert _verify(_honest(sets), sets, flops=1e6, peak_gflops=100.0).ok
+
+
+def test_caching_is_a_binomial_test_against_the_noise_the_timed_calls_show():
+    sets = _sets()
+    # a first-in-first-out cache of 4 results forgets the repeated input every fourth pair (the
+    # distinct inputs push it out), and a loaded machine spoils one more pair: 11 of 16 clearly faster
+    rep = [5_000] * 16
+    for i in (3, 7, 11, 15):
+        rep[i] = 100_000
+    rep[5] = 900_000
+    forgetful = _honest(sets, probe_repeat_ns=rep, probe_distinct_ns=[100_000] * 16)
+    v = _verify(forgetful, sets)
+    assert v.code == "caching" and "in 11 of 16 back-to-back pairs, where noise would make at most 10" in v.reason
+    assert _verify(_honest(sets, probe_repeat_ns=rep[:5] + [100_000] + rep[6:],
+                           probe_distinct_ns=[100_000] * 16), sets).code == "caching"
+    # an honest candidate on a machine whose timed calls spread over 8x (log-uniform): a repeat is
+    # clearly faster in 11 of 16 pairs by chance more often than the quiet null allows, and the
+    # count needed rises with the noise measured
+    spread = [int(100_000 * 8 ** (i / 39)) for i in range(40)]
+    q = verify.probe_null_rate(spread)
+    assert 0.3 < q < 0.5 and verify.probe_threshold(16, q) > 11
+    noisy = _honest(sets, samples_ns=spread, probe_repeat_ns=[100_000] * 11 + [400_000] * 5,
+                    probe_distinct_ns=[400_000] * 11 + [100_000] * 5)
+    v = _verify(noisy, sets)
+    assert v.ok and "no caching of repeated inputs (TEST04)" in v.checks, v.reason
+    # the same pairs on a quiet machine: caught
+    assert _verify(_honest(sets, probe_repeat_ns=[100_000] * 11 + [400_000] * 5,
+                           probe_distinct_ns=[400_000] * 11 + [100_000] * 5), sets).code == "caching"
+    # the null rate is the share of ordered pairs of timed calls over 1.5x apart
+    assert verify.probe_null_rate([100, 100, 200, 200]) == 4 / 12
+    assert verify.probe_null_rate([100] * 10) == 0.0 and verify.probe_null_rate([100]) == 0.0
+    assert verify.probe_threshold(16, 0.25) == 11 and verify.probe_threshold(8, 0.25) == 7
 
 
 def test_higher_precision_references_with_output_dtypes():

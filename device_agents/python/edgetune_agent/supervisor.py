@@ -32,6 +32,7 @@ POLL_MAX_S = 0.1
 WORK_FACTOR = 50
 RESCAN_S = 1.0  # every process in /proc is read again this often (a pid reused since the last look)
 PSS_EVERY_S = 0.2  # the costlier PSS confirmation of a tree over its memory bound, at most this often
+SWEEP_POLL_MAX_S = 0.05  # the sweep looks again after 1, 2, 4 ... ms, then every 50 ms
 SWEEP_GIVE_UP_S = 10.0  # a process that survives SIGKILL this long is in the kernel (D state): reported
 LOG_NAME = "agent.log"  # the worker's stdout and stderr (relayed, its tail only, to the agent's stderr)
 LOG_TAIL = 8192
@@ -457,6 +458,7 @@ class Supervisor:
         pass kills all it finds, their children come to the supervisor (the subreaper), the next
         pass kills those; it is over when the supervisor has no child left at all."""
         give_up = time.monotonic() + SWEEP_GIVE_UP_S
+        pause, killed = 0.0005, set()
         count = self.worker_status is not None  # a job that ended by itself: what it left running is counted
         while True:
             # the worker's whole group at once, first (a fork bomb that keeps its group cannot outrun
@@ -484,7 +486,17 @@ class Supervisor:
             if time.monotonic() > give_up:
                 self.unkillable = len(live)
                 break
-            time.sleep(0.001)
+            # killed processes need the CPU to exit: a supervisor (at the highest priority where it
+            # may) that looked every millisecond took it from them, and on a loaded machine a killed
+            # worker took 7 s to go. While the pass finds only processes it killed before, the looks
+            # back off to SWEEP_POLL_MAX_S (the worker's exit ends the wait at once: its pidfd); a
+            # new process (a fork bomb's) brings them back to every millisecond
+            pause = 0.001 if live - killed else min(SWEEP_POLL_MAX_S, pause * 2)
+            killed |= live
+            if self.worker_status is None:
+                self._wait(pause)
+            else:
+                time.sleep(pause)
 
     @staticmethod
     def _no_children():

@@ -18,8 +18,11 @@ demo: setup
 	@echo "reports: out/mobilenet/report.md out/transformer/report.md"
 
 ## make test: the whole suite, farm included (sshd, qemu board, adb server + phone emulator on 127.0.0.1)
+## Two xdist workers per core, at most 8: on a busy machine the suite's share of the CPU grows with its
+## runnable workers (docs/results/suite-time.md has the figures). TEST_WORKERS overrides.
+TEST_WORKERS ?= $(shell n=$$(( 2 * $$(nproc) )); echo $$(( n < 8 ? n : 8 )))
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=40 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=40 tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

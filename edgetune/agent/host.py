@@ -494,7 +494,7 @@ class AgentClient:
                 out[k] = v
         return out
 
-    def _collect(self, c: Completed, job: Job, agent_ms: float, wait_s: float) -> JobResult:
+    def _collect(self, c: Completed, job: Job, agent_ms: float, wait_s: float | None = None) -> JobResult:
         """What the device answered, as a JobResult: every byte of it validated (validate.py);
         an answer that breaks the protocol is this candidate's failure ``invalid result: ...``."""
         stderr_tail = c.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
@@ -503,7 +503,8 @@ class AgentClient:
             return JobResult("error", f"result too large: the device sent more than {job.max_bundle_bytes()} "
                                       f"bytes (the most this job's outputs can take)", limit="output")
         if c.timed_out:
-            return JobResult("timeout", f"hung: no result within {wait_s:.3g} s (killed)", limit="time")
+            waited = job.timeout_s if wait_s is None else wait_s  # None: an answer replayed, not waited for
+            return JobResult("timeout", f"hung: no result within {waited:.3g} s (killed)", limit="time")
         try:
             files = parse_bundle(c.stdout)
         except Invalid as exc:

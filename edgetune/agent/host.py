@@ -57,6 +57,7 @@ def load_factor(spec: DeviceSpec, device_state: dict[str, Any]) -> float:
         per_cpu = max(per_cpu, os.getloadavg()[0] / max(1, os.cpu_count() or 1))
     return float(min(MAX_LOAD_SCALE, max(1.0, per_cpu)))
 
+
 def default_workdir(spec: DeviceSpec) -> str:
     """The device's work dir: its ``workdir`` option, else a private per-user default (never a
     predictable shared /tmp path): EDGETUNE_HOME/work on the host, ~/.cache/edgetune over ssh,
@@ -504,7 +505,7 @@ class AgentClient:
                                       f"bytes (the most this job's outputs can take)", limit="output")
         if c.timed_out:
             waited = job.timeout_s if wait_s is None else wait_s  # None: an answer replayed, not waited for
-            return JobResult("timeout", f"hung: no result within {waited:.3g} s (killed)", limit="time")
+            return JobResult("timeout", f"hung: no result within {round(waited, 2):g} s (killed)", limit="time")
         try:
             files = parse_bundle(c.stdout)
         except Invalid as exc:

@@ -408,18 +408,17 @@ def probe_null_rate(samples_ns: Sequence[float]) -> float:
     return float(slower.sum()) / (n * (n - 1))
 
 
-def binom_sf(k: int, n: int, q: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, q)."""
-    return float(sum(math.comb(n, i) * q ** i * (1 - q) ** (n - i) for i in range(max(0, k), n + 1)))
-
-
 def probe_threshold(n: int, q: float) -> int | None:
     """The fewest of ``n`` pairs in which the repeat must be clearly faster for "caching": the
-    smallest k with P(Binomial(n, q) >= k) < PROBE_ALPHA. None: no count of n pairs is that unlikely."""
-    for k in range(n + 1):
-        if binom_sf(k, n, q) < PROBE_ALPHA:
-            return k
-    return None
+    smallest k with P(Binomial(n, q) >= k) < PROBE_ALPHA (the tail summed from k = n down). None:
+    no count of n pairs is that unlikely."""
+    tail, need = 0.0, None
+    for k in range(n, -1, -1):
+        tail += math.comb(n, k) * q ** k * (1 - q) ** (n - k)
+        if tail >= PROBE_ALPHA:
+            return need
+        need = k
+    return need
 
 
 def _check_probe(res: JobResult) -> str:

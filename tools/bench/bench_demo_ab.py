@@ -12,7 +12,7 @@ What is shared with edgetune is the artifact: the model file a candidate runs (t
 the .tflite / int8 model edgetune's converter built and verified, from the tune's own cache) and
 its runtime settings. What is not: the process, the inputs (8 random sets cycled, not the agent's
 fresh inputs), the timing (perf_counter around the user-level call, input copies included), and
-the interval (scipy's t on per-round log ratios of medians, 95%).
+the interval (a t interval on per-round log ratios of medians, 95%).
 
     .venv/bin/python tools/bench/bench_demo_ab.py                       # both demo commands, budget 60
     .venv/bin/python tools/bench/bench_demo_ab.py --models mobilenet --rounds 12 --json out.json
@@ -31,10 +31,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from edgetune.measure import t_quantile  # noqa: E402 - after the path
 
 DEMO = {"mobilenet": ["--sweep", "batch=1,16"], "transformer": ["--sweep", "seq=32,128"]}
 
@@ -134,7 +135,7 @@ def ab(sides: dict[str, dict], rounds: int, seconds: float, seed: int) -> dict:
         ratios.append(got["default"] / got["contender"])
     logs = np.log(ratios)
     m, se = float(np.mean(logs)), float(np.std(logs, ddof=1) / math.sqrt(len(logs)))
-    t = float(stats.t.ppf(0.975, len(logs) - 1))
+    t = t_quantile(0.975, len(logs) - 1)
     lo, hi = math.exp(m - t * se), math.exp(m + t * se)
     return {"ratio": math.exp(m), "ci95": [lo, hi], "verdict": verdict(lo, hi), "rounds": rounds,
             "median_ms": {k: float(np.median(v)) / 1e6 for k, v in meds.items()}}

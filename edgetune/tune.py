@@ -70,7 +70,9 @@ class DeviceTuner:
         self._peak: tuple[float | None, float | None] | None = None  # (fp32 GFLOP/s, int8 GOP/s)
         self.device_id: str | None = None  # the physical device (inventory.device_identity), once known
         self.families_not_run: dict[str, str] = {}
-        self._device_state: dict[str, Any] = {}  # the last job's view of the device (its load: _time_limit)
+        # the last job's view of the device (its load: _time_limit); kept here as well as in the
+        # client's device_state because a reconnect makes a new client, which has seen no job yet
+        self._device_state: dict[str, Any] = {}
         self._wall_s: dict[str, float] = {}  # candidate key -> its slowest verified job's wall time
 
     # ---- device access with bounded retries -------------------------------------------

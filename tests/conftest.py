@@ -53,3 +53,26 @@ def load_tool(group: str, name: str):
     sys.modules[key] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def conversions(tmp_path_factory) -> Path:
+    """One onnx2tf conversion cache for the whole run, shared by every xdist worker (their base
+    temp directories have one parent): a conversion costs tens of seconds of CPU and the tests that
+    need one need the same few. ``onnx2tflite._build`` locks each key, so workers that meet at one
+    convert it once. A test about conversion itself (its failures, timeouts, a fresh home's
+    rebuild) keeps a cache of its own."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = root / "onnx2tf-shared"
+    cache.mkdir(exist_ok=True)
+    return cache
+
+
+def share_conversions(home: Path, cache: Path) -> Path:
+    """``home``'s onnx2tf cache (HOME/artifacts/onnx2tf) as a link to the shared ``cache``."""
+    (home / "artifacts").mkdir(parents=True, exist_ok=True)
+    link = home / "artifacts" / "onnx2tf"
+    if not link.is_symlink():
+        link.symlink_to(cache, target_is_directory=True)
+    return home

@@ -38,6 +38,7 @@ when the timeout was (load above its cores then, not now); a success removes the
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -390,10 +391,8 @@ def _timed_out(mark: Path) -> tuple[float, str] | None:
     return limit, reason
 
 
-def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
-    """The directory ``cache/key``, made by ``make(tmpdir)`` once; a deterministic failure is remembered
-    (``key.failed``) and raised again without converting; a timeout (``key.timeout``) is raised again
-    without converting while the limit is no longer than the one it ran out of."""
+def _done(cache: Path, key: str, timeout_s: float) -> Path | None:
+    """``cache/key`` where it is built; a remembered failure raised again; None where it is to be built."""
     final = cache / key
     if (final / "mapping.json").is_file():
         return final
@@ -407,14 +406,37 @@ def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) ->
     if earlier and timeout_s <= earlier[0]:
         raise BuildFailed(f"{earlier[1]} (in an earlier run; not tried again within a limit of {timeout_s:g} s: "
                           f"a longer one tries again, up to {CONVERT_TIMEOUT_S:g} s, or remove {mark})")
+    return None
+
+
+def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
+    """The directory ``cache/key``, made by ``make(tmpdir)`` once; a deterministic failure is remembered
+    (``key.failed``) and raised again without converting; a timeout (``key.timeout``) is raised again
+    without converting while the limit is no longer than the one it ran out of. Two processes that
+    need the same key (two tunes on one home, a farm's devices) convert it once: the second waits on
+    the key's lock (``.key.lock``, released by the kernel if its holder dies) and then finds it
+    built, or its failure."""
+    final = _done(cache, key, timeout_s)
+    if final is not None:
+        return final
     cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (the holder's conversion has its own time limit)
+        final = _done(cache, key, timeout_s)
+        if final is not None:
+            return final
+        return _make(cache, key, make)
+
+
+def _make(cache: Path, key: str, make) -> Path:
+    final, mark = cache / key, cache / f"{key}.timeout"
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     try:
         make(tmp)
         try:
             os.replace(tmp, final)
         except OSError:
-            if not (final / "mapping.json").is_file():  # (else: another build of the same key won the race)
+            if not (final / "mapping.json").is_file():  # (else: a build of the same key without the lock won)
                 raise
         mark.unlink(missing_ok=True)
         return final
@@ -426,7 +448,7 @@ def _build(cache: Path, key: str, make, timeout_s: float = CONVERT_TIMEOUT_S) ->
             write_atomic_file(mark, json.dumps({"timeout_s": exc.timeout_s, "reason": why, "load_per_core": load}))
         raise
     except BuildFailed as exc:
-        write_atomic_file(failed, str(exc))
+        write_atomic_file(cache / f"{key}.failed", str(exc))
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,14 +12,15 @@ import pytest
 
 from edgetune.devices.inventory import Inventory
 from edgetune.zoo import check, html_matrix, markdown
-from tests.conftest import require
+from tests.conftest import require, share_conversions
 
 pytestmark = pytest.mark.usefixtures("private_edgetune_home")
 
 MODES = {"pass", "n/a", "unsupported-op", "mismatch", "crash", "timeout", "out-of-memory", "build-failed", "error"}
 
 
-def test_zoo_check_small_on_three_farm_devices(qemu_board, adb_farm, tmp_path):
+def test_zoo_check_small_on_three_farm_devices(qemu_board, adb_farm, tmp_path, conversions):
+    share_conversions(tmp_path / "home", conversions)  # (the private home's onnx2tf cache)
     require(shutil.which("aarch64-linux-gnu-gcc") is not None, "aarch64-linux-gnu-gcc")
     import models.zoo as zoo
 

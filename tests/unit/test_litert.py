@@ -21,7 +21,7 @@ from edgetune.tune_config import TuneConfig
 from edgetune.verify import compare, tolerance_for
 from edgetune.modelfile import load_model
 from edgetune.workload import build_workload
-from tests.conftest import require
+from tests.conftest import require, share_conversions
 
 
 def _need_converter():
@@ -31,9 +31,9 @@ def _need_converter():
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    """One edgetune home for the module: its artifact cache keeps each conversion (seconds) for all tests."""
-    return tmp_path_factory.mktemp("litert-home")
+def home(tmp_path_factory, conversions):
+    """One edgetune home for the module, its conversions in the run's shared cache (tests/conftest.py)."""
+    return share_conversions(tmp_path_factory.mktemp("litert-home"), conversions)
 
 
 @pytest.fixture
@@ -227,3 +227,87 @@ def test_a_timeout_mark_is_kept_for_its_limit_and_removed_by_a_success(tmp_path,
     assert onnx2tflite._build(tmp_path, "k", succeeds, 4.0) == tmp_path / "k"
     assert made == ["ok"] and not (tmp_path / "k.timeout").exists()
     assert not list(tmp_path.glob(".build-*"))  # no half-written directory left
+
+
+def test_a_converted_models_layout_conversion_is_inside_its_timed_call(tmp_path):
+    """The tflite backend with a layout mapping (what a converted model gets) takes inputs in the
+    ONNX layout and returns outputs in it, and the transposes are inside ``run`` (PROTOCOL.md,
+    step 6), as a user of the converted model pays them: new inputs written into the agent's buffers
+    are what the next ``run`` computes with no other call, and the outputs come back NCHW. A shape
+    that would only broadcast into the interpreter's tensor is refused, as ``set_tensor`` does."""
+    require(importlib.util.find_spec("ai_edge_litert") is not None, "ai-edge-litert not installed")
+    from edgetune.agent.bundle import python_agent
+    from edgetune.kernels import session as S
+    from edgetune.kernels.workloads import parse_workload
+    from edgetune.ops import forms as F
+
+    w = parse_workload("conv2d_nchw:N=1,C=4,H=9,W=9,K=6,R=3,S=3,stride=1,pad=1")
+    weights = S.final_weights(w)
+    blob, view = F.op_tflite_model(w, weights)
+    assert view.in_perm == {0: (0, 2, 3, 1)} and view.out_perm == {0: (0, 2, 3, 1)}  # an NHWC model
+    path = tmp_path / "conv.tflite"
+    path.write_bytes(blob)
+    where = tmp_path / "agent" / "edgetune_agent.py"
+    where.parent.mkdir()
+    shutil.copyfile(python_agent(), where)
+    spec = importlib.util.spec_from_file_location("edgetune_agent_litert_test", where)
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_path=str(path))
+    (din,), (dout,) = it.get_input_details(), it.get_output_details()
+    params = {"num_threads": 1, "inputs": [{"index": int(din["index"]), "perm": [0, 2, 3, 1]}],
+              "outputs": [{"index": int(dout["index"]), "perm": [0, 3, 1, 2]}]}
+    outs = [{"name": "y", "shape": list(w.outputs[0].shape), "dtype": "float32"}]
+    b = agent.TfliteBackend(str(path), params, [w.inputs[0].name], outs)
+    assert getattr(b, "stage", None) is None  # nothing runs outside the timed call
+    work = [np.empty(w.inputs[0].shape, np.float32)]
+    for seed in (1, 2):  # the same buffers, rewritten in place as the agent does
+        xs = w.random_inputs(seed)
+        for k, v in weights.items():
+            xs[k] = v
+        work[0][...] = xs[0]
+        b.poison()
+        b.run(work)
+        (got,) = b.results()
+        (ref,) = w.reference(xs)
+        assert got.shape == tuple(w.outputs[0].shape)
+        assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), seed
+    with pytest.raises(ValueError, match="shape"):
+        b.run([np.ones((1, 4, 1, 9), np.float32)])  # (1, 1, 9, 4) would broadcast into (1, 9, 9, 4)
+
+
+def test_two_builders_of_one_key_convert_it_once(tmp_path, monkeypatch):
+    """The rule of ``_build`` alone: a second process (here a thread) that needs a key while the
+    first converts it waits on the key's lock and then finds it built (two tunes on one home)."""
+    import fcntl
+    import threading
+
+    monkeypatch.setattr(onnx2tflite, "_TRANSIENT", {})
+    made, inside, release = [], threading.Event(), threading.Event()
+
+    def slow(tmp):
+        made.append(threading.current_thread().name)
+        inside.set()
+        assert release.wait(600)
+        (tmp / "mapping.json").write_text("{}")
+
+    got = {}
+
+    def builder():
+        got[threading.current_thread().name] = onnx2tflite._build(tmp_path, "k", slow, 5.0)
+
+    a = threading.Thread(target=builder, name="a")
+    a.start()
+    assert inside.wait(600)
+    with open(tmp_path / ".k.lock", "a") as probe:  # the first builder holds the key's lock while it converts
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    b = threading.Thread(target=builder, name="b")
+    b.start()
+    release.set()
+    a.join(600)
+    b.join(600)
+    assert made == ["a"] and got == {"a": tmp_path / "k", "b": tmp_path / "k"}

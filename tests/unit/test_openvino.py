@@ -255,7 +255,7 @@ def test_brief_output_shows_each_family_and_the_verdict(tmp_path, local_info):
     assert [sorted(r["families_not_built"]) for r in rep["runs"]] == [["ExecuTorch"]]
 
 
-def test_pack_and_repro_check_rerun_openvino_and_litert_selections(tmp_path, local_info):
+def test_pack_and_repro_check_rerun_openvino_and_litert_selections(tmp_path, local_info, conversions):
     """A run over the OpenVINO and LiteRT families packs, and repro check re-runs and re-verifies
     its configurations (the LiteRT conversion rebuilt from the package's model, by content)."""
     import json
@@ -264,8 +264,9 @@ def test_pack_and_repro_check_rerun_openvino_and_litert_selections(tmp_path, loc
     import sys
 
     from edgetune.convert import onnx2tflite
-    from tests.conftest import require
+    from tests.conftest import require, share_conversions
 
+    share_conversions(tmp_path / "home", conversions)  # the tune's; repro check rebuilds in a fresh home2
     require(onnx2tflite.unavailable_reason() is None, f"the onnx2tf converter: {onnx2tflite.unavailable_reason()}")
     cli = [sys.executable, "-m", "edgetune.cli.main"]
 

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.conftest import share_conversions
+
 
 def _cli(*args, home, check_rc=None):
     env = {**os.environ, "EDGETUNE_HOME": str(home), "COLUMNS": "250"}
@@ -34,7 +36,8 @@ def test_zoo_build_is_reproducible(tmp_path):
     assert [m["sha256"] for m in a["models"]] == [m["sha256"] for m in b["models"]]
 
 
-def test_zoo_check_local_json_and_html(tmp_path):
+def test_zoo_check_local_json_and_html(tmp_path, conversions):
+    share_conversions(tmp_path, conversions)
     html = tmp_path / "zoo.html"
     p = _cli("zoo", "check", "mobilenetv3", "whisper_encoder", "--no-tvm", "--html", str(html), "-f", "json",
              home=tmp_path)

@@ -10,9 +10,13 @@ verdicts and whether they agree.
 
 What is shared with edgetune is the artifact: the model file a candidate runs (the ONNX model, or
 the .tflite / int8 model edgetune's converter built and verified, from the tune's own cache) and
-its runtime settings. What is not: the process, the inputs (8 random sets cycled, not the agent's
-fresh inputs), the timing (perf_counter around the user-level call, input copies included), and
-the interval (a t interval on per-round log ratios of medians, 95%).
+its runtime settings, and what the timed call is (PROTOCOL.md, the run loop's step 6): inputs in
+the ONNX layout to outputs in it, onnxruntime and OpenVINO reading the script's buffers by pointer
+(IO binding, shared-memory tensors), LiteRT paying its copy and a converted model's NHWC
+transposes. What is not: the process, the inputs (8 random sets cycled, not the agent's fresh
+inputs), the timing code (perf_counter around the call), and the interval (a t interval on
+per-round log ratios of medians, 95%). Each pair is timed a second time with the runtimes' plain
+calls (`sess.run(feeds)`, `infer(dict)`, `set_tensor`), the figure a user who writes them gets.
 
     .venv/bin/python tools/bench/bench_demo_ab.py                       # both demo commands, budget 60
     .venv/bin/python tools/bench/bench_demo_ab.py --models mobilenet --rounds 12 --json out.json
@@ -49,6 +53,8 @@ rng = np.random.default_rng(spec["seed"])
 sets = [[rng.standard_normal(s).astype(d) if d.startswith("float") else rng.integers(0, 2, s).astype(d)
          for s, d in zip(spec["shapes"], spec["dtypes"])] for _ in range(8)]
 names = spec["names"]
+plain = spec["calls"] == "plain"  # the runtimes' plain calls, else bound as the agent binds
+work = [a.copy() for a in sets[0]]  # (bound: the buffers a runtime reads by pointer, rewritten in place)
 if backend == "ort":
     import onnxruntime as ort
     so = ort.SessionOptions()
@@ -64,7 +70,16 @@ if backend == "ort":
     for k, v in params.items():
         if k.startswith("session."): so.add_session_config_entry(k, str(v))
     sess = ort.InferenceSession(art, so, providers=[params.get("execution_provider", "CPUExecutionProvider")])
-    call = lambda x: sess.run(None, dict(zip(names, x)))
+    if plain:
+        call = lambda x: sess.run(None, dict(zip(names, x)))
+    else:  # IO binding by pointer: onnxruntime reads and writes the script's own buffers
+        io = sess.io_binding()
+        for n, a in zip(names, work):
+            io.bind_input(n, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+        outs = [np.empty_like(o) for o in sess.run(None, dict(zip(names, work)))]  # (shapes may be symbolic)
+        for o, b in zip(sess.get_outputs(), outs):
+            io.bind_output(o.name, "cpu", 0, b.dtype, list(b.shape), b.ctypes.data)
+        call = lambda x: sess.run_with_iobinding(io)
 elif backend == "openvino":
     sys.modules.setdefault("openvino_telemetry", None)
     import openvino as ov
@@ -78,8 +93,15 @@ elif backend == "openvino":
     if "threads" in params: cfg["INFERENCE_NUM_THREADS"] = int(params["threads"])
     if "streams" in params: cfg["NUM_STREAMS"] = int(params["streams"])
     if "pinning" in params: cfg["ENABLE_CPU_PINNING"] = bool(params["pinning"])
-    req = core.compile_model(model, params.get("device", "CPU"), cfg).create_infer_request()
-    call = lambda x: req.infer(dict(zip(names, x)))
+    compiled = core.compile_model(model, params.get("device", "CPU"), cfg)
+    req = compiled.create_infer_request()
+    if plain:
+        call = lambda x: req.infer(dict(zip(names, x)))
+    else:  # shared-memory tensors over the script's own buffers, bound once
+        ports = {p.get_any_name(): i for i, p in enumerate(compiled.inputs)}
+        for n, a in zip(names, work):
+            req.set_input_tensor(ports[n], ov.Tensor(a, shared_memory=True))
+        call = lambda x: req.infer()
 elif backend == "tflite":
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
@@ -95,19 +117,34 @@ elif backend == "tflite":
           [(d["index"], list(range(len(d["shape"])))) for d in it.get_input_details()]
     outs = [(int(m["index"]), m["perm"]) for m in params["outputs"]] if "outputs" in params else \
            [(d["index"], list(range(len(d["shape"])))) for d in it.get_output_details()]
-    def call(x):
-        for (i, p), a in zip(ins, x): it.set_tensor(i, np.ascontiguousarray(a.transpose(p)))
-        it.invoke()
-        return [it.get_tensor(i).transpose(p) for i, p in outs]
+    if plain:
+        def call(x):
+            for (i, p), a in zip(ins, x): it.set_tensor(i, np.ascontiguousarray(a.transpose(p)))
+            it.invoke()
+            return [it.get_tensor(i).transpose(p) for i, p in outs]
+    else:  # each input transposed straight into the interpreter's tensor, outputs back to NCHW
+        views = [it.tensor(i) for i, _ in ins]
+        moved = [(it.tensor(i), p) for i, p in outs if list(p) != list(range(len(p)))]
+        def call(x):
+            for v, (_, p), a in zip(views, ins, x):
+                t = v(); np.copyto(t, a.transpose(p)); del t
+            it.invoke()
+            return [np.ascontiguousarray(v().transpose(p)) for v, p in moved]
 else:
     raise SystemExit("backend %s is not timed here" % backend)
 t_end = time.perf_counter() + spec["warmup_s"]
 i = 0
+def feed(k):  # the next input set: the plain calls take it as is, bound ones read it from `work`
+    if plain:
+        return sets[k % 8]
+    for w, a in zip(work, sets[k % 8]):
+        np.copyto(w, a)
+    return work
 while time.perf_counter() < t_end:
-    call(sets[i % 8]); i += 1
+    call(feed(i)); i += 1
 ns, t_end = [], time.perf_counter() + spec["seconds"]
 while time.perf_counter() < t_end or len(ns) < 10:
-    x = sets[len(ns) % 8]
+    x = feed(len(ns))
     t0 = time.perf_counter_ns(); call(x); ns.append(time.perf_counter_ns() - t0)
 print(json.dumps({"median_ns": float(np.median(ns)), "n": len(ns)}))
 '''
@@ -117,15 +154,16 @@ def verdict(lo: float, hi: float) -> str:
     return "faster" if lo > 1 else "slower" if hi < 1 else "no significant difference"
 
 
-def ab(sides: dict[str, dict], rounds: int, seconds: float, seed: int) -> dict:
+def ab(sides: dict[str, dict], rounds: int, seconds: float, seed: int, calls: str) -> dict:
     """``rounds`` rounds of both sides (a fresh process each), in alternating order; the ratio of
-    each round is the default's median over the contender's."""
+    each round is the default's median over the contender's. ``calls`` "bound": each runtime bound
+    the way the agent binds it (PROTOCOL.md, the run loop's step 6); "plain": its plain call."""
     ratios, meds = [], {"default": [], "contender": []}
     for r in range(rounds):
         order = ["default", "contender"] if r % 2 == 0 else ["contender", "default"]
         got = {}
         for side in order:
-            spec = {**sides[side], "seed": seed + r, "seconds": seconds, "warmup_s": 0.3}
+            spec = {**sides[side], "seed": seed + r, "seconds": seconds, "warmup_s": 0.3, "calls": calls}
             out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
                                  timeout=300)
             if out.returncode != 0:
@@ -209,27 +247,38 @@ def main() -> None:
                 if any(x["backend"] not in ("ort", "openvino", "tflite") for x in sides.values()):
                     rows.append({**row, "independent": {"error": "a TVM build: not timed by this script"}})
                     continue
-                rows.append({**row, "independent": ab(sides, a.rounds, a.seconds, seed=len(rows) * 100)})
+                rows.append({**row, "independent": ab(sides, a.rounds, a.seconds, len(rows) * 100, "bound"),
+                             "plain_calls": ab(sides, a.rounds, a.seconds, len(rows) * 100, "plain")})
                 print(f"# {name} {label}: done", file=sys.stderr)
-    print("| model | shape | contender | edgetune (confirmation) | independent A/B (fresh processes) | same verdict | intervals overlap |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | shape | contender | edgetune (confirmation) | independent A/B, bound as the agent binds | same verdict | intervals overlap | the runtimes' plain calls |")
+    print("|---|---|---|---|---|---|---|---|")
     agree = total = 0
+
+    def fmt(x: dict) -> str:
+        if "error" in x:
+            return f"not run: {x['error']}"
+        return f"{x['ratio']:.2f}× [{x['ci95'][0]:.2f}, {x['ci95'][1]:.2f}] {x['verdict']} ({x['rounds']} rounds)"
     for r in rows:
         if not r.get("contender"):
-            print(f"| {r['model']} | {r['shape']} | — | {r['note']} | | | |")
+            print(f"| {r['model']} | {r['shape']} | — | {r['note']} | | | | |")
             continue
         e, i = r["edgetune"], r.get("independent", {})
         ef = f"{e['speedup']:.2f}× [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}] {e['verdict']} ({e['rounds']} rounds)"
         if "error" in i:
-            print(f"| {r['model']} | {r['shape']} | {r['contender']} | {ef} | not run: {i['error']} | | |")
+            print(f"| {r['model']} | {r['shape']} | {r['contender']} | {ef} | {fmt(i)} | | | |")
             continue
-        inf = f"{i['ratio']:.2f}× [{i['ci95'][0]:.2f}, {i['ci95'][1]:.2f}] {i['verdict']} ({i['rounds']} rounds)"
         same = e["verdict"] == i["verdict"]
         overlap = e["ci95"][0] <= i["ci95"][1] and i["ci95"][0] <= e["ci95"][1]
         total += 1
         agree += same
-        print(f"| {r['model']} | {r['shape']} | {r['contender']} | {ef} | {inf} | {'yes' if same else '**no**'} | "
-              f"{'yes' if overlap else '**no**'} |")
+        print(f"| {r['model']} | {r['shape']} | {r['contender']} | {ef} | {fmt(i)} | {'yes' if same else '**no**'} | "
+              f"{'yes' if overlap else '**no**'} | {fmt(r['plain_calls'])} |")
+    print("\nmedians, ms, default / contender: edgetune | bound | plain")
+    for r in rows:
+        if r.get("contender") and "error" not in r.get("independent", {}):
+            em, bm, pm = r["edgetune_medians_ms"], r["independent"]["median_ms"], r["plain_calls"].get("median_ms", {})
+            f = lambda m: "%s / %s" % tuple("%.3g" % m[k] if m.get(k) is not None else "?" for k in ("default", "contender"))  # noqa: E731
+            print(f"{r['model']} {r['shape']}: {f(em)} | {f(bm)} | {f(pm)}")
     print(f"\nsame verdict in {agree} of {total} pairs")
     if a.json:
         Path(a.json).write_text(json.dumps({"home": str(home), "rows": rows, "agree": agree, "pairs": total}, indent=1))

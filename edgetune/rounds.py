@@ -31,13 +31,18 @@ C = TypeVar("C")
 def interleaved(participants: Sequence[P], rounds: int, run: Callable[[P, int, C], str | None], *,
                 first: int = 1, before_round: Callable[[int], C] | None = None,
                 out: MutableMapping[Hashable, str] | None = None,
-                key: Callable[[P], Hashable] = lambda p: p) -> dict[Hashable, str]:
+                key: Callable[[P], Hashable] = lambda p: p,
+                go_on: Callable[[int], bool] | None = None) -> dict[Hashable, str]:
     """Run ``rounds`` interleaved rounds of ``participants`` (numbered ``first``, ``first + 1``, ...).
     ``run(who, rnd, ctx)`` runs one job and returns None when it passed, else the reason it failed.
     ``out`` (keyed by ``key(who)``) may hold participants already out (a resumed run's stored
-    failures); the participants out at the end, with their first reason, are returned."""
+    failures); the participants out at the end, with their first reason, are returned.
+    ``go_on(rnd)``, asked before every round after the first, False: the rounds end there (whole
+    rounds only, so every participant has the same ones)."""
     gone: dict[Hashable, str] = dict(out or {})
     for rnd in range(first, first + rounds):
+        if go_on is not None and rnd > first and not go_on(rnd):
+            break
         ctx = before_round(rnd) if before_round is not None else None
         for who in rotation(participants, rnd):
             k = key(who)

@@ -52,6 +52,17 @@ def wants_placement(prep: Prepared) -> bool:
         "CPUExecutionProvider",)
 
 
+# the most of a shape's share the race leaves to the confirmation when its rounds to the cap need it
+CONFIRM_RESERVE_SHARE = 0.5
+
+
+def confirm_reserve(share_s: float, confirm_jobs: int, job_s: float) -> float:
+    """Seconds of a shape's share the race leaves to the confirmation: what its jobs up to the
+    cap of rounds take at this shape's median job wall, at most half of the share. The race's first
+    round always runs (its finalists are the field); a later one only outside this reserve."""
+    return min(CONFIRM_RESERVE_SHARE * share_s, confirm_jobs * job_s)
+
+
 class DeviceTuner:
     """Tunes one model on one device; owns that device's agent client."""
 
@@ -189,6 +200,8 @@ class DeviceTuner:
                    versions: dict, deadline: float) -> None:
         existing = {(r.candidate_key, r.round): r for r in self.store.records(run_id=run_id)
                     if r.shape_key == wl.shape_key}
+        share_s = max(0.0, deadline - time.monotonic())  # this shape's share of the budget
+        job_walls: list[float] = []  # seconds, every job this shape ran here
         prepared: dict[str, Prepared | str] = {}
 
         def prep(cand: Candidate, space: Any) -> Prepared | str:
@@ -237,6 +250,7 @@ class DeviceTuner:
             if res.ok:
                 own = sum(res.samples_ns) / 1e6
                 self.overhead_ms.append(max(0.0, wall - own))
+                job_walls.append(wall / 1e3)
             status = "verified" if verdict.ok else "failed"
             self.store.add_record(Record(
                 run_id=run_id, workload_key=job_wl.key(), shape=wl.bindings, shape_key=wl.shape_key,
@@ -285,8 +299,21 @@ class DeviceTuner:
             remaining_rounds = self.cfg.rounds - rnd + 1
             return per_job_budget(len(finalists) * remaining_rounds + confirm_jobs, 1.0, 30.0, 2000.0)
 
+        confirming = any(is_confirmation(rnd) for _, rnd in existing)
+
+        def race_goes_on(rnd: int) -> bool:
+            # the race's later rounds yield to the confirmation, whose rounds make the verdict: one
+            # more round only when the time it takes still leaves the confirmation its reserve. A run
+            # taken up during its confirmation does not race again (it replays what it stored)
+            if confirming:
+                return False
+            job_s = float(np.median(job_walls)) if job_walls else 0.0
+            left = deadline - time.monotonic() - len(finalists) * job_s
+            return left >= confirm_reserve(share_s, confirm_jobs, job_s)
+
         interleaved(finalists, self.cfg.rounds,
-                    lambda k, rnd, budget: run_one(*by_key[k], rnd, budget), before_round=race_budget, out=out)
+                    lambda k, rnd, budget: run_one(*by_key[k], rnd, budget), before_round=race_budget, out=out,
+                    go_on=race_goes_on)
         self._confirm(run_id, wl, by_key, run_one, per_job_budget, deadline)
 
     def _confirm(self, run_id: str, wl: Workload, by_key: dict[str, tuple[Candidate, Any]],

@@ -224,3 +224,25 @@ def test_time_limits_scale_with_load_and_with_what_the_job_took(tmp_path):
         assert board._time_limit(1000.0, "other") == pytest.approx(base)
     finally:
         store.close()
+
+
+def test_the_race_leaves_the_confirmation_its_reserve(tiny_model, tmp_path, monkeypatch):
+    """The race's rounds after its first run only outside the time the confirmation's rounds need:
+    with no time to spare the race ends at round 1 and the confirmation still runs; with time to
+    spare all its rounds run."""
+    import edgetune.tune as tune_mod
+    from edgetune.select import is_confirmation
+
+    assert tune_mod.confirm_reserve(30.0, 40, 0.27) == pytest.approx(10.8)  # the cap's jobs at 0.27 s
+    assert tune_mod.confirm_reserve(30.0, 40, 1.0) == pytest.approx(15.0)  # at most half the share
+    extra = [adapter_candidate(str(ADAPTERS / "correct.py"))]
+    for name, reserve, race_rounds in (("tight", float("inf"), {1}), ("ample", float("-inf"), {1, 2, 3})):
+        monkeypatch.setattr(tune_mod, "confirm_reserve", lambda *a, _r=reserve: _r)
+        out = tune(tiny_model, ["local"], dims=["batch=4"], db=tmp_path / f"{name}.db",
+                   config=_cfg(rounds=3, extra=extra))
+        assert out.devices[0].status == "complete", out.devices[0].error
+        store = Store(tmp_path / f"{name}.db")
+        recs = store.records()
+        store.close()
+        assert {r.round for r in recs if r.round > 0 and not is_confirmation(r.round)} == race_rounds, name
+        assert len({r.round for r in recs if is_confirmation(r.round)}) == 3, name  # the confirmation ran
